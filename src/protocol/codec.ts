@@ -3,7 +3,7 @@
  * `ProtocolError` whose `code` is one of PROTOCOL.md §1 rule 5 and whose `field` names the
  * offending field. Unknown fields are ignored (dropped), for forward compatibility.
  */
-import { type ErrorCode, isErrorCode } from '../errors.js';
+import type { ErrorCode } from '../errors.js';
 import { FieldProblem, isPlainObject, LIMITS, type Receipt, validateJob } from './job.js';
 import {
   assertNever,
@@ -202,8 +202,10 @@ function build(type: MessageType, o: Obj): Message {
       return { ...m, eta_ms: eta };
     }
     case 'ERROR': {
+      // Any code a newer peer may send is accepted (forward compatibility); a reader treats a code
+      // it does not know as a generic refusal.
       const code = str(o, 'code', 100);
-      if (!isErrorCode(code)) throw new Invalid('code', `code ${JSON.stringify(code)} is not in the error catalogue`);
+      if (!/^[a-z][a-z0-9_]*$/.test(code)) throw new Invalid('code', 'code must be a snake_case word');
       const m: Message = { type, code, message: typeof o.message === 'string' ? o.message : '' };
       const id = readableJobId(o);
       if (id !== undefined) m.job_id = id;

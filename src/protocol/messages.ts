@@ -87,7 +87,8 @@ export interface PositionMessage {
 
 export interface ErrorMessage {
   type: 'ERROR';
-  code: ErrorCode;
+  /** One of the catalogue's broker codes when sent by us; any snake_case word when read (a newer peer may know more). */
+  code: ErrorCode | (string & {});
   message: string;
   job_id?: string;
 }

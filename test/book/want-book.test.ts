@@ -9,7 +9,7 @@ function want(connId: string, jobId: string, opts: { priority?: number; service?
 }
 
 /** Parks `n` wants `${prefix}1..n` for a connection. */
-function parkMany(book: WantBook, connId: string, prefix: string, n: number, opts: { priority?: number; service?: string } = {}): void {
+function parkMany(book: WantBook, connId: string, prefix: string, n: number, opts: { priority?: number; service?: string; waitgroup?: string } = {}): void {
   for (let i = 1; i <= n; i++) book.park(want(connId, `${prefix}${i}`, opts));
 }
 
