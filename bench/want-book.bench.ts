@@ -192,6 +192,7 @@ export function printWantBookBench(r: WantBookBenchResult): void {
     ['position() p99', `${fmt(r.positionP99Us)} µs`],
     ['heap per parked want (book only)', `${fmt(r.bookBytesPerWant)} B`],
     ['heap per parked want (with Want + jobId)', `${fmt(r.totalBytesPerWant)} B`],
+    ['goal <= 1 KiB per parked want', r.totalBytesPerWant <= 1024 ? 'met' : 'MISSED'],
   ];
   const w = Math.max(...rows.map(([k]) => k.length));
   for (const [k, v] of rows) console.log(`  ${k.padEnd(w)}  ${v.padStart(14)}`);

@@ -206,10 +206,9 @@ export class PriorityClass {
     this.members.delete(m.connId);
   }
 
-  /** Members in the rotation, in grant order. */
-  *rotation(): IterableIterator<Member> {
-    for (let m = this.#fresh.head; m !== undefined; m = m.rnext) yield m;
-    for (let m = this.#served.head; m !== undefined; m = m.rnext) yield m;
+  /** The member after `m` in the rotation (`fresh` runs on into `served`). */
+  #after(m: Member): Member | undefined {
+    return m.rnext ?? (m.place === 'fresh' ? this.#served.head : undefined);
   }
 
   /**
@@ -223,7 +222,7 @@ export class PriorityClass {
     const j = this.#indexOf(node);
     let ahead = j;
     let before = true;
-    for (const m of this.rotation()) {
+    for (let m = this.first(); m !== undefined; m = this.#after(m)) {
       if (m === mine) before = false;
       else ahead += Math.min(m.length, before ? j + 1 : j);
     }
@@ -240,7 +239,7 @@ export class PriorityClass {
     if (!this.services.has(service)) return undefined;
     let best: WantNode | undefined;
     let bestJ = Infinity;
-    for (const m of this.rotation()) {
+    for (let m = this.first(); m !== undefined; m = this.#after(m)) {
       if (!m.services.has(service)) continue;
       let j = 0;
       for (let n = m.head; n !== undefined && j < bestJ; n = n.next, j++) {

@@ -36,9 +36,11 @@
  *
  * Costs (P classes in the waitgroup, C members in a class): park, remove, next(), peek O(1) plus,
  * when a class appears or disappears, O(log P) to find its place in `order` (and an O(P) splice,
- * a memmove of a handful of numbers); a remembered member re-joining scans `served` from the
+ * a memmove of a handful of numbers) and, when it disappears, O(its remembered members) to forget
+ * them (each was created by a park, so this is amortised O(1)); a remembered member re-joining scans `served` from the
  * back (see PriorityClass#join); position O(classes above + C); next(wg, service) scans (see
- * PriorityClass#firstOfService); removeConnection O(its wants + its members); parkedByPriority O(P).
+ * PriorityClass#firstOfService); removeConnection O(its wants + its members, plus the remembered
+ * members of classes it empties); parkedByPriority O(P); stats and checkInvariants are O(everything).
  *
  * The book keeps the Want objects it is given and returns the same objects: do not mutate a want
  * while it is parked.
