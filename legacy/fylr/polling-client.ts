@@ -162,7 +162,8 @@ function tokenRound(addrs: readonly LegacyAddress[], service: string, opts: Acqu
           });
           status = res.statusCode;
           text = await res.body.text();
-        } catch {
+        } catch (e) {
+          console.error('DBG token error', addr.base, e);
           status = 'error';
         }
         opts.counters.tokenRequest(addr.address, status);

@@ -48,6 +48,18 @@ const MIGRATIONS: readonly string[] = [
      WHERE state = 'queued';
    CREATE INDEX file_queue_claimed_idx ON file_queue (heartbeat_at) WHERE state = 'claimed';
    CREATE INDEX file_queue_claimed_by_idx ON file_queue (claimed_by) WHERE state = 'claimed';`,
+  // 2: the new dispatcher (src/db/file-queue-claims.ts). It claims exec-bound and local-bound
+  // items in separate budgets, so each kind gets its own partial index: a poll that wants only
+  // local work never walks a million queued exec items, and vice versa. The predicates must match
+  // the claim query's literally (the planner proves index usability from the text); the list is
+  // LOCAL_ACTIONS as of this migration, and test/db/file-queue-claims.test.ts checks the plans.
+  // `failures` counts failed executions (the retry cap), apart from `attempts` (claims), so that a
+  // "no slot" requeue does not use up a poison item's retries.
+  `CREATE INDEX file_queue_queued_exec_idx ON file_queue (priority DESC, id)
+     WHERE state = 'queued' AND action NOT IN ('sync', 'checksum', 'copy_move');
+   CREATE INDEX file_queue_queued_local_idx ON file_queue (priority DESC, id)
+     WHERE state = 'queued' AND action IN ('sync', 'checksum', 'copy_move');
+   ALTER TABLE file_queue ADD COLUMN failures integer NOT NULL DEFAULT 0;`,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

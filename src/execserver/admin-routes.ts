@@ -1,4 +1,4 @@
-/** Operator routes on the execserver's listener (PROTOCOL.md §7). */
+/** Operator routes on the execserver's listener (PROTOCOL.md §7, and the admin drain of §1 rule 7). */
 import type { FastifyInstance } from 'fastify';
 import type { Broker } from './broker.js';
 import type { ExecserverMetrics } from './metrics.js';
@@ -8,6 +8,8 @@ export interface AdminRoutesOptions {
   metrics: ExecserverMetrics;
   /** Extra sections for /status (the gateway's backends, legacy tokens). */
   extraStatus?: () => Record<string, unknown>;
+  /** `POST /drain`: start draining (rule 7); the server closes once drained. */
+  drain?: () => void;
 }
 
 export async function adminRoutes(app: FastifyInstance, opts: AdminRoutesOptions): Promise<void> {
@@ -27,4 +29,11 @@ export async function adminRoutes(app: FastifyInstance, opts: AdminRoutesOptions
     if (!pos) return reply.code(404).send({ error: { code: 'unknown_job', message: 'no want, offer or running job with this job_id' } });
     return pos;
   });
+  const drain = opts.drain;
+  if (drain) {
+    app.post('/drain', async (_req, reply) => {
+      drain();
+      return reply.code(202).send({ draining: true });
+    });
+  }
 }

@@ -31,7 +31,9 @@ export interface Offer {
 
 export interface RunningJob {
   readonly jobId: string;
+  readonly connId: ConnectionId;
   readonly service: string;
+  readonly priority: number;
   readonly slot: Slot;
   readonly abort: AbortController;
   readonly startedAt: number;
@@ -42,6 +44,8 @@ export const MAX_REFUSALS = 100;
 export const REFUSAL_WINDOW_MS = 10_000;
 /** HELLO is re-sent on change, but at most this often per connection. */
 export const HELLO_MIN_INTERVAL_MS = 100;
+/** A peer silent for this many ping intervals is half-open: terminated (PROTOCOL.md §1). */
+export const PING_MISSES_ALLOWED = 2;
 
 export class BrokerConnection {
   readonly id: ConnectionId;
@@ -52,7 +56,10 @@ export class BrokerConnection {
   readonly running = new Map<string, RunningJob>();
   /** Times of recent refusals, oldest first; pruned to the window. */
   readonly #refusals: number[] = [];
+  /** When the peer last showed life (a frame, a pong or a ping of its own). */
   lastSeenAt: number;
+  /** When the next ping is due. */
+  nextPingAt: number;
   closed = false;
   /** The content of the last HELLO sent, minus the volatile counts, to skip identical re-sends. */
   lastHelloSignature = '';
@@ -62,12 +69,13 @@ export class BrokerConnection {
   framesIn = 0;
   framesOut = 0;
 
-  constructor(id: ConnectionId, transport: BrokerTransport, info: ConnectionInfo, now: number) {
+  constructor(id: ConnectionId, transport: BrokerTransport, info: ConnectionInfo, now: number, pingIntervalMs: number) {
     this.id = id;
     this.transport = transport;
     this.info = info;
     this.connectedAt = now;
     this.lastSeenAt = now;
+    this.nextPingAt = now + pingIntervalMs;
   }
 
   send(text: string): void {

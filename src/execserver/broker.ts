@@ -12,6 +12,9 @@
  * a legacy token outside the broker); `pump(wg)` runs after every event that may free a slot or
  * add a want, so a free slot and a parked want of the same waitgroup never coexist for longer
  * than one synchronous step (rule 3) unless the server drains.
+ *
+ * Time comes from the injected Clock only (offer expiry, pings, HELLO throttling), so the unit
+ * tests drive all of it with a ManualClock.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { type Clock, systemClock } from '../clock.js';
@@ -19,7 +22,7 @@ import type { ServeConfig } from '../config/types.js';
 import type { ErrorCode } from '../errors.js';
 import { type ConnectionId, type Want, WantBook } from '../book/want-book.js';
 import { decodeFromFylr, encode, isProtocolError } from '../protocol/codec.js';
-import { usesBody } from '../protocol/job.js';
+import { failedReceipt, type Receipt, usesBody } from '../protocol/job.js';
 import {
   assertNever,
   type ExecMessage,
@@ -30,7 +33,7 @@ import {
   type WantMessage,
 } from '../protocol/messages.js';
 import { pipeStdin, pipeStdout } from '../slots/pipe-io.js';
-import type { JobIo, Slot, SlotSource } from '../slots/slot-source.js';
+import type { DemandView, JobIo, Slot, SlotSource } from '../slots/slot-source.js';
 import type { BrokerObserver } from './broker-observer.js';
 import {
   BrokerConnection,
@@ -38,6 +41,8 @@ import {
   type ConnectionInfo,
   HELLO_MIN_INTERVAL_MS,
   type Offer,
+  PING_MISSES_ALLOWED,
+  type RunningJob,
 } from './broker-connection.js';
 import { RunStats } from './run-stats.js';
 
@@ -86,11 +91,18 @@ export interface BrokerStatus {
   }[];
 }
 
-function newOfferToken(): string {
-  // 128 random bits: an offer token is only checked against its own connection, but it must
-  // not be guessable from another job's.
+/** Running jobs by priority; jobs that did not come through the broker (legacy PUTs) as 'legacy'. */
+export type RunningByPriority = Map<string, number>;
+
+/**
+ * Offer tokens: 128 random bits, base64url (22 characters). A token is only checked against its
+ * own connection's offer for that job_id, but it must not be guessable from another job's.
+ */
+export function newOfferToken(): string {
   return randomBytes(16).toString('base64url');
 }
+
+const NO_DEMAND: DemandView = { peek: () => undefined, parked: () => 0 };
 
 export class Broker {
   readonly instanceId = randomUUID();
@@ -101,25 +113,28 @@ export class Broker {
   readonly stats = new RunStats();
   readonly #observer: BrokerObserver;
   readonly #connections = new Map<ConnectionId, BrokerConnection>();
+  /** Every job started through the broker and not ended, including those of closed connections. */
+  readonly #jobs = new Set<RunningJob>();
   /** Parked wants per waitgroup and service, so spare service-bound slots find takers fast. */
   readonly #parkedByService = new Map<string, Map<string, number>>();
-  /** When a slot of the waitgroup last became available without a taker (for the latency metric). */
-  readonly #availableSince = new Map<string, number>();
+  /**
+   * When slots of the waitgroup became available while wants were parked, oldest first: the
+   * start of the slot-free-to-OFFER latency, consumed by the offers that follow.
+   */
+  readonly #freedAt = new Map<string, number[]>();
   #nextConnection = 1;
   #pumping = new Set<string>();
   #repump = new Set<string>();
   #draining = false;
-  #drainWaiters: (() => void)[] = [];
+  #drained: Promise<void> | undefined;
+  #resolveDrained: (() => void) | undefined;
 
   constructor(opts: BrokerOptions) {
     this.config = opts.config;
     this.source = opts.source;
     this.clock = opts.clock ?? systemClock;
     this.#observer = opts.observer ?? {};
-    this.source.onAvailable((wg) => {
-      if (!this.#availableSince.has(wg)) this.#availableSince.set(wg, this.clock.now());
-      this.pump(wg);
-    });
+    this.source.onAvailable((wg) => this.#slotAvailable(wg));
   }
 
   get draining(): boolean {
@@ -136,13 +151,19 @@ export class Broker {
   }
 
   waitgroupOf(service: string): string | undefined {
-    return this.config.services[service]?.waitgroup;
+    return Object.hasOwn(this.config.services, service) ? this.config.services[service]?.waitgroup : undefined;
+  }
+
+  /** Counts a finished run into the ETA statistics (only successful runs: failures end early). */
+  recordRun(service: string, receipt: Receipt): void {
+    if (receipt.ok) this.stats.record(service, receipt.duration_ms);
   }
 
   // ---------------------------------------------------------------- connections
 
   open(transport: BrokerTransport, info: ConnectionInfo = {}): BrokerSession {
-    const conn = new BrokerConnection(`c${this.#nextConnection++}`, transport, info, this.clock.now());
+    const now = this.clock.now();
+    const conn = new BrokerConnection(`c${this.#nextConnection++}`, transport, info, now, this.config.broker.ping_interval_ms);
     this.#connections.set(conn.id, conn);
     this.#observer.connectionsChanged?.(this.#connections.size);
     this.#sendHello(conn);
@@ -158,19 +179,32 @@ export class Broker {
     };
   }
 
+  /**
+   * One timer per connection, due at the next ping or at the liveness deadline (last sign of
+   * life + 2 intervals), whichever is first: a silent peer is dropped exactly 2 intervals after
+   * it last answered, not up to a third interval later.
+   */
   #armPing(conn: BrokerConnection): void {
     const interval = this.config.broker.ping_interval_ms;
-    conn.pingTimer = this.clock.setTimeout(() => {
-      if (conn.closed) return;
-      if (this.clock.now() - conn.lastSeenAt >= 2 * interval) {
-        // Half-open: the peer has not answered for two intervals.
-        conn.transport.terminate();
-        this.#closeConnection(conn, 'ping_timeout');
-        return;
-      }
+    const deadline = conn.lastSeenAt + PING_MISSES_ALLOWED * interval;
+    conn.pingTimer = this.clock.setTimeout(() => this.#pingTick(conn), Math.min(conn.nextPingAt, deadline) - this.clock.now());
+  }
+
+  #pingTick(conn: BrokerConnection): void {
+    if (conn.closed) return;
+    const interval = this.config.broker.ping_interval_ms;
+    const now = this.clock.now();
+    if (now - conn.lastSeenAt >= PING_MISSES_ALLOWED * interval) {
+      // Half-open: the peer has not answered for two intervals.
+      conn.transport.terminate();
+      this.#closeConnection(conn, 'ping_timeout');
+      return;
+    }
+    if (now >= conn.nextPingAt) {
+      conn.nextPingAt = now + interval;
       conn.transport.ping();
-      this.#armPing(conn);
-    }, interval);
+    }
+    this.#armPing(conn);
   }
 
   #closeConnection(conn: BrokerConnection, reason: string): void {
@@ -238,7 +272,10 @@ export class Broker {
       }
       case 'CANCEL': {
         const job = conn.running.get(msg.job_id);
-        if (!job) return this.#refuse(conn, 'unknown_job', 'no running job with this job_id (withdraw a want with UNWANT)', msg.job_id);
+        if (!job) {
+          const hint = this.book.has(msg.job_id, conn.id) || conn.offers.has(msg.job_id) ? ' (it is not running: withdraw it with UNWANT)' : '';
+          return this.#refuse(conn, 'unknown_job', `no running job with this job_id${hint}`, msg.job_id);
+        }
         job.abort.abort(new Error('cancelled'));
         return;
       }
@@ -257,12 +294,13 @@ export class Broker {
   }
 
   #want(conn: BrokerConnection, msg: WantMessage): void {
-    if (this.#draining) return this.#refuse(conn, 'draining', 'the server is draining', msg.job_id);
+    if (this.#draining) return this.#refuse(conn, 'draining', 'the server is draining and takes no new wants', msg.job_id);
     const waitgroup = this.waitgroupOf(msg.service);
     if (waitgroup === undefined) return this.#refuse(conn, 'unknown_service', `unknown service ${JSON.stringify(msg.service)}`, msg.job_id);
     if (this.#knows(conn, msg.job_id)) return this.#refuse(conn, 'duplicate_job', 'job_id already parked, offered or running on this connection', msg.job_id);
-    if (this.book.connectionWants(conn.id) + conn.offers.size >= this.config.broker.max_wants_per_connection) {
-      return this.#refuse(conn, 'too_many_wants', `over max_wants_per_connection (${this.config.broker.max_wants_per_connection})`, msg.job_id);
+    const max = this.config.broker.max_wants_per_connection;
+    if (this.book.connectionWants(conn.id) + conn.offers.size >= max) {
+      return this.#refuse(conn, 'too_many_wants', `over max_wants_per_connection (${max} parked or offered)`, msg.job_id);
     }
     const want: Want = { jobId: msg.job_id, connId: conn.id, service: msg.service, waitgroup, priority: msg.priority };
     this.book.park(want);
@@ -283,7 +321,8 @@ export class Broker {
     }
     const offer = conn.offers.get(jobId);
     if (offer) return this.#endOffer(conn, offer, 'withdrawn');
-    this.#refuse(conn, 'unknown_job', 'no parked want or offer with this job_id', jobId);
+    const hint = conn.running.has(jobId) ? ' (it is running: stop it with CANCEL)' : '';
+    this.#refuse(conn, 'unknown_job', `no parked want or offer with this job_id${hint}`, jobId);
   }
 
   /** Bookkeeping for a want that left the book other than by being offered. */
@@ -308,20 +347,33 @@ export class Broker {
     this.clock.clearTimeout(offer.timer);
     conn.offers.delete(msg.job_id);
     const now = this.clock.now();
-    this.#observer.jobStarted?.(offer.slot.waitgroup, now - offer.offeredAt);
+    const wg = offer.slot.waitgroup;
+    this.#observer.jobStarted?.(wg, now - offer.offeredAt);
     const abort = new AbortController();
-    conn.running.set(msg.job_id, { jobId: msg.job_id, service: msg.job.service, slot: offer.slot, abort, startedAt: now });
+    const job: RunningJob = { jobId: msg.job_id, connId: conn.id, service: msg.job.service, priority: offer.want.priority, slot: offer.slot, abort, startedAt: now };
+    conn.running.set(msg.job_id, job);
+    this.#jobs.add(job);
     const io: JobIo = { signal: abort.signal };
     const body = usesBody(msg.job);
     if (body.stdin && msg.job.pipes?.in) io.stdin = pipeStdin(msg.job.pipes.in, abort.signal);
     if (body.stdout && msg.job.pipes?.out) io.stdout = pipeStdout(msg.job.pipes.out, abort.signal);
-    void this.source.run(offer.slot, msg.job, io).then((receipt) => {
-      conn.running.delete(msg.job_id);
-      this.stats.record(msg.job.service, receipt.duration_ms);
-      this.#observer.jobDone?.(offer.slot.waitgroup, msg.job.service, receipt.ok, receipt.duration_ms);
-      this.#send(conn, { type: 'DONE', job_id: msg.job_id, receipt });
-      this.#checkDrained();
-    });
+    let run: Promise<Receipt>;
+    try {
+      run = this.source.run(offer.slot, msg.job, io);
+    } catch (e) {
+      run = Promise.reject(e);
+    }
+    // DONE exactly once per accepted JOB, even if the source breaks its promise never to reject.
+    void run
+      .catch((e: unknown) => failedReceipt('internal', `slot source failed: ${(e as Error)?.message ?? String(e)}`, this.clock.now() - now))
+      .then((receipt) => {
+        conn.running.delete(msg.job_id);
+        this.#jobs.delete(job);
+        this.recordRun(job.service, receipt);
+        this.#observer.jobDone?.(wg, job.service, receipt.ok, receipt.duration_ms);
+        this.#send(conn, { type: 'DONE', job_id: msg.job_id, receipt });
+        this.#checkDrained();
+      });
   }
 
   /** An offer ends without a JOB: the want ends and the slot goes to the next want at once. */
@@ -339,11 +391,26 @@ export class Broker {
 
   // ---------------------------------------------------------------- granting
 
-  #demandView() {
+  /** What the source may see of the demand: nothing while draining (no new offers will be made). */
+  #demandView(): DemandView {
+    if (this.#draining) return NO_DEMAND;
     return {
       peek: (wg: string) => this.book.peek(wg),
       parked: (wg: string) => this.book.parked(wg),
     };
+  }
+
+  #slotAvailable(wg: string): void {
+    if (!this.#draining && this.book.parked(wg) > 0) {
+      const q = this.#freedAt.get(wg) ?? [];
+      this.#freedAt.set(wg, q);
+      // At most one pending start per slot: a source may report the same slot more than once.
+      if (q.length < Math.max(1, this.source.processes(wg))) q.push(this.clock.now());
+    }
+    this.pump(wg);
+    // A source may change its capacity (a gateway backend comes or goes): HELLO says so.
+    this.helloChanged();
+    this.#checkDrained();
   }
 
   /**
@@ -365,6 +432,8 @@ export class Broker {
     } finally {
       this.#pumping.delete(waitgroup);
     }
+    // Nobody waits any more: a slot that frees from now on starts no latency.
+    if (this.book.parked(waitgroup) === 0) this.#freedAt.delete(waitgroup);
   }
 
   #grantOne(waitgroup: string): boolean {
@@ -407,8 +476,7 @@ export class Broker {
       return;
     }
     const now = this.clock.now();
-    const since = this.#availableSince.get(want.waitgroup);
-    this.#availableSince.delete(want.waitgroup);
+    const since = this.#freedAt.get(want.waitgroup)?.shift();
     this.#observer.offerMade?.(want.waitgroup, since === undefined ? null : now - since);
     const offer: Offer = { want, slot, token: newOfferToken(), offeredAt: now, timer: undefined };
     conn.offers.set(want.jobId, offer);
@@ -442,7 +510,11 @@ export class Broker {
     };
   }
 
-  /** What makes a HELLO worth re-sending: services, processes, clients, draining. */
+  /**
+   * What makes a HELLO worth re-sending: services, processes, clients, draining. `running` and
+   * `parked` change with every job and are not part of it (idle silence, rule 4; a fylr asks
+   * with QUERY when it wants counts).
+   */
   static #signature(h: HelloMessage): string {
     const processes = Object.entries(h.waitgroups).map(([wg, s]) => `${wg}=${s.processes}`);
     return JSON.stringify([h.services, processes, h.clients, h.draining]);
@@ -457,6 +529,7 @@ export class Broker {
 
   /** Re-sends HELLO to every connection whose view is stale, at most every 100 ms each. */
   helloChanged(): void {
+    if (this.#connections.size === 0) return;
     const signature = Broker.#signature(this.hello());
     for (const conn of this.#connections.values()) {
       if (conn.lastHelloSignature === signature || conn.helloTimer !== undefined) continue;
@@ -468,6 +541,7 @@ export class Broker {
       conn.helloTimer = this.clock.setTimeout(() => {
         conn.helloTimer = undefined;
         if (conn.closed) return;
+        // The latest state, and nothing if it changed back in the meantime.
         if (conn.lastHelloSignature !== Broker.#signature(this.hello())) this.#sendHello(conn);
       }, wait);
     }
@@ -475,26 +549,25 @@ export class Broker {
 
   // ---------------------------------------------------------------- queries
 
+  /**
+   * POSITION for a job of this connection: a parked want (ahead by the grant rule replayed), an
+   * offered job (ahead 0) or a running one (ahead 0, eta_ms the mean run time left).
+   */
   position(connId: ConnectionId, jobId: string): PositionMessage | undefined {
     const conn = this.#connections.get(connId);
     if (!conn) return undefined;
-    let waitgroup: string;
-    let service: string;
-    let ahead = 0;
     const want = this.book.get(jobId, connId);
-    if (want) {
-      waitgroup = want.waitgroup;
-      service = want.service;
-      ahead = this.book.position(jobId, connId)?.ahead ?? 0;
-    } else {
-      const offer = conn.offers.get(jobId);
-      const running = conn.running.get(jobId);
-      const slot = offer?.slot ?? running?.slot;
-      if (!slot) return undefined;
-      waitgroup = slot.waitgroup;
-      service = offer?.want.service ?? running!.service;
-    }
+    const offer = conn.offers.get(jobId);
+    const running = conn.running.get(jobId);
+    const waitgroup = want?.waitgroup ?? offer?.slot.waitgroup ?? running?.slot.waitgroup;
+    const service = want?.service ?? offer?.want.service ?? running?.service;
+    if (waitgroup === undefined || service === undefined) return undefined;
     const capacity = this.source.processes(waitgroup);
+    const ahead = want ? (this.book.position(jobId, connId)?.ahead ?? 0) : 0;
+    let eta: number | null;
+    if (want) eta = this.stats.etaMs(service, ahead, capacity, capacity - this.source.inUse(waitgroup));
+    else if (offer) eta = this.stats.meanMs(service);
+    else eta = this.stats.remainingMs(service, this.clock.now() - running!.startedAt);
     return {
       type: 'POSITION',
       job_id: jobId,
@@ -502,17 +575,32 @@ export class Broker {
       ahead,
       capacity,
       parked: this.book.parked(waitgroup),
-      eta_ms: want ? this.stats.etaMs(service, ahead, capacity) : this.stats.meanMs(service),
+      eta_ms: eta === null ? null : Math.round(eta),
     };
   }
 
-  /** `GET /queue/{job_id}`: the first connection that knows the job. */
+  /** `GET /queue/{job_id}`: job ids are unique per connection only; the first connection that knows it. */
   positionAnywhere(jobId: string): PositionMessage | undefined {
     for (const conn of this.#connections.values()) {
       const p = this.position(conn.id, jobId);
       if (p) return p;
     }
     return undefined;
+  }
+
+  /** Jobs running in the waitgroup by the priority of their WANT; the rest (legacy PUTs) as 'legacy'. */
+  runningByPriority(waitgroup: string): RunningByPriority {
+    const out: RunningByPriority = new Map();
+    let broker = 0;
+    for (const job of this.#jobs) {
+      if (job.slot.waitgroup !== waitgroup) continue;
+      broker++;
+      const p = String(job.priority);
+      out.set(p, (out.get(p) ?? 0) + 1);
+    }
+    const other = this.source.running(waitgroup) - broker;
+    if (other > 0) out.set('legacy', other);
+    return out;
   }
 
   status(): BrokerStatus {
@@ -554,34 +642,44 @@ export class Broker {
 
   // ---------------------------------------------------------------- draining
 
-  #busy(): boolean {
-    for (const c of this.#connections.values()) if (c.offers.size > 0 || c.running.size > 0) return true;
-    return false;
+  /** Drained: no offer out, no broker job running, and every slot back home (legacy tokens too). */
+  #isDrained(): boolean {
+    if (this.#jobs.size > 0) return false;
+    for (const c of this.#connections.values()) if (c.offers.size > 0) return false;
+    for (const wg of Object.keys(this.config.waitgroups)) if (this.source.inUse(wg) > 0) return false;
+    return true;
   }
 
   #checkDrained(): void {
-    if (!this.#draining || this.#busy()) return;
-    const waiters = this.#drainWaiters;
-    this.#drainWaiters = [];
-    for (const w of waiters) w();
+    if (!this.#draining || this.#resolveDrained === undefined || !this.#isDrained()) return;
+    const resolve = this.#resolveDrained;
+    this.#resolveDrained = undefined;
+    resolve();
   }
 
   /**
    * Rule 7: no new offers, new WANTs refused, HELLO says draining; resolves once every outstanding
-   * offer ended and every running job sent its DONE.
+   * offer ended (JOB, DECLINE, UNWANT, expiry, close), every running job sent its DONE and every
+   * slot came home (a legacy token is redeemed and its job ends, or it lapses). Parked wants stay
+   * parked, never offered, until their connections close. Idempotent: every call gets the same
+   * promise.
    */
   drain(): Promise<void> {
-    if (!this.#draining) {
+    if (this.#drained === undefined) {
       this.#draining = true;
+      this.#drained = new Promise<void>((resolve) => {
+        this.#resolveDrained = resolve;
+      });
+      this.#freedAt.clear();
+      // The source stops reserving for wants that will not be offered (a gateway's tokens).
+      for (const wg of Object.keys(this.config.waitgroups)) this.source.demandChanged(wg, this.#demandView());
       this.helloChanged();
-    }
-    return new Promise((resolve) => {
-      this.#drainWaiters.push(resolve);
       this.#checkDrained();
-    });
+    }
+    return this.#drained;
   }
 
-  /** Closes every connection (1001 going away). */
+  /** Closes every connection (1001 going away); their running jobs are stopped (rule 6). */
   closeAll(): void {
     for (const conn of [...this.#connections.values()]) {
       conn.transport.close(1001, 'server shutting down');

@@ -1,6 +1,16 @@
 /**
  * Prometheus metrics of one execserver/gateway (prom-client, a registry per server so that
- * several servers in one process — tests, benchmarks — do not share counters).
+ * several servers in one process — tests, benchmarks — do not share counters). Counters and
+ * histograms are fed by the BrokerObserver calls and by the legacy API; gauges read the broker
+ * at scrape time.
+ *
+ *   slotgate_parked_wants{waitgroup,priority}          slotgate_running_jobs{waitgroup,priority}
+ *   slotgate_offers_total{waitgroup,outcome}           outcome: made, accepted, declined, expired, withdrawn
+ *   slotgate_slot_free_to_offer_seconds{waitgroup}     a slot freed while wants waited -> its OFFER
+ *   slotgate_offer_to_job_seconds{waitgroup}           OFFER -> the JOB that accepts it
+ *   slotgate_refused_frames_total{code}                slotgate_broker_connections (+ _closed_total{reason})
+ *   slotgate_legacy_tokens_total{service,status}       200 issued, 503 busy/gated, 404 unknown service
+ *   slotgate_legacy_jobs_total{service,status}         slotgate_jobs_total{waitgroup,service,result}
  */
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { ErrorCode } from '../errors.js';
@@ -37,11 +47,32 @@ export class ExecserverMetrics implements BrokerObserver {
     });
     new Gauge({
       name: 'slotgate_running_jobs',
-      help: 'Running jobs by waitgroup',
+      help: 'Running jobs by waitgroup and the priority of their WANT ("legacy": PUT /job of an old fylr)',
+      labelNames: ['waitgroup', 'priority'],
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        for (const wg of Object.keys(broker.config.waitgroups)) {
+          for (const [p, n] of broker.runningByPriority(wg)) this.set({ waitgroup: wg, priority: p }, n);
+        }
+      },
+    });
+    new Gauge({
+      name: 'slotgate_offered_slots',
+      help: 'Slots reserved by an OFFER not yet answered, by waitgroup',
       labelNames: ['waitgroup'],
       registers: [this.registry],
       collect() {
-        for (const wg of Object.keys(broker.config.waitgroups)) this.set({ waitgroup: wg }, broker.source.running(wg));
+        const st = broker.status();
+        for (const [wg, s] of Object.entries(st.waitgroups)) this.set({ waitgroup: wg }, s.offered);
+      },
+    });
+    new Gauge({
+      name: 'slotgate_draining',
+      help: '1 while the server drains',
+      registers: [this.registry],
+      collect() {
+        this.set(broker.draining ? 1 : 0);
       },
     });
     new Gauge({

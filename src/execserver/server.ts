@@ -2,10 +2,14 @@
  * The execserver process: one fastify listener serving /broker, the legacy API and the admin
  * routes. With a LocalSlotSource it is a native execserver; the gateway passes its own source and
  * legacy routes. Nothing here knows which.
+ *
+ * Shutdown has two ways: `drainAndClose()` (SIGTERM, `POST /drain`: rule 7, the jobs finish) and
+ * `close()` (at once: connections close, running jobs are stopped, and it resolves once they
+ * ended).
  */
 import websocket from '@fastify/websocket';
 import Fastify, { type FastifyInstance, type FastifyPluginAsync } from 'fastify';
-import { type Clock, every, systemClock } from '../clock.js';
+import { type Clock, systemClock } from '../clock.js';
 import type { ServeConfig } from '../config/types.js';
 import { LocalSlotSource } from '../slots/local-slot-source.js';
 import type { SlotSource } from '../slots/slot-source.js';
@@ -34,14 +38,19 @@ export interface Execserver {
   readonly metrics: ExecserverMetrics;
   /** Listens on config.listen; resolves with the base URL (the real port for port 0). */
   listen(): Promise<string>;
-  /** Rule 7: drain, then close. */
+  /** Rule 7: drain, then close. Idempotent: every call returns the same promise. */
   drainAndClose(): Promise<void>;
+  /** Closes at once (running jobs are stopped); resolves when they have ended. Idempotent. */
   close(): Promise<void>;
+  /** Settles when the server has closed, by either way. */
+  readonly closed: Promise<void>;
 }
 
-function inUseTotal(source: SlotSource, config: ServeConfig): number {
-  return Object.keys(config.waitgroups).reduce((n, wg) => n + source.inUse(wg), 0);
-}
+/**
+ * Old fylrs put the whole job JSON into the query string of `PUT /job`; Node's default limit of
+ * 16 KiB for the request head would refuse large jobs that the old Go execserver (1 MiB) took.
+ */
+export const MAX_REQUEST_HEAD_BYTES = 1024 * 1024;
 
 export async function createExecserver(opts: ExecserverOptions): Promise<Execserver> {
   const clock = opts.clock ?? systemClock;
@@ -51,54 +60,74 @@ export async function createExecserver(opts: ExecserverOptions): Promise<Execser
   const broker = new Broker({ config, source, clock, observer: metrics });
   metrics.attach(broker);
 
-  const app = Fastify({ logger: opts.logger ?? false, forceCloseConnections: true, bodyLimit: 1024 * 1024 });
+  const app = Fastify({
+    logger: opts.logger ?? false,
+    forceCloseConnections: true,
+    bodyLimit: 1024 * 1024,
+    http: { maxHeaderSize: MAX_REQUEST_HEAD_BYTES },
+  });
   // Job bodies are streams (stdin of body-mode jobs): no parser may buffer them.
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', (_req, _payload, done) => done(null));
-  await app.register(websocket, { options: { maxPayload: config.broker.max_payload_bytes } });
-  await app.register(brokerRoute, { broker });
-  await app.register(adminRoutes, { broker, metrics, ...(opts.extraStatus ? { extraStatus: opts.extraStatus } : {}) });
-  let tokens: LegacyTokens | undefined;
-  if (opts.legacyApi) {
-    await app.register(opts.legacyApi({ broker, metrics }));
-  } else {
-    tokens = new LegacyTokens(source, clock);
-    await app.register(localLegacyApi, { broker, tokens, metrics });
-  }
+  await app.register(websocket, {
+    options: { maxPayload: config.broker.max_payload_bytes },
+    // ws closes the socket itself on protocol errors (a frame over maxPayload: 1009) and reports
+    // the error afterwards; the plugin's default handler would terminate the socket before the
+    // close frame is out, and the peer would see 1006 instead of 1009.
+    errorHandler: () => undefined,
+  });
 
-  let closed = false;
-  const close = async (): Promise<void> => {
-    if (closed) return;
-    closed = true;
-    broker.closeAll();
-    tokens?.releaseAll();
-    await app.close();
-    await source.close();
+  let closing: Promise<void> | undefined;
+  let draining: Promise<void> | undefined;
+  let tokens: LegacyTokens | undefined;
+  let closedResolve!: () => void;
+  const closed = new Promise<void>((resolve) => {
+    closedResolve = resolve;
+  });
+
+  const close = (): Promise<void> => {
+    closing ??= (async () => {
+      broker.closeAll();
+      tokens?.releaseAll();
+      await app.close();
+      await source.close();
+      closedResolve();
+    })();
+    return closing;
   };
+  const drainAndClose = (): Promise<void> => {
+    draining ??= broker.drain().then(close);
+    return draining;
+  };
+
+  if (!opts.legacyApi) tokens = new LegacyTokens(source, clock);
+  const localTokens = tokens;
+  const extraStatus =
+    opts.extraStatus ??
+    (localTokens ? () => ({ legacy_tokens: { outstanding: localTokens.outstanding, issued: localTokens.issued, expired: localTokens.expired } }) : undefined);
+
+  await app.register(brokerRoute, { broker });
+  await app.register(adminRoutes, {
+    broker,
+    metrics,
+    drain: () => {
+      void drainAndClose();
+    },
+    ...(extraStatus ? { extraStatus } : {}),
+  });
+  if (opts.legacyApi) await app.register(opts.legacyApi({ broker, metrics }));
+  else if (localTokens) await app.register(localLegacyApi, { broker, tokens: localTokens, metrics, config });
 
   return {
     app,
     broker,
     source,
     metrics,
+    closed,
     async listen() {
-      const address = await app.listen({ host: config.listen.host, port: config.listen.port });
-      return address.replace('[::1]', '[::1]');
+      return app.listen({ host: config.listen.host, port: config.listen.port });
     },
-    async drainAndClose() {
-      await broker.drain();
-      // Legacy tokens still out may be redeemed until they lapse; wait for every slot to come home.
-      await new Promise<void>((resolve) => {
-        if (inUseTotal(source, config) === 0) return resolve();
-        const stop = every(clock, 25, () => {
-          if (inUseTotal(source, config) === 0) {
-            stop();
-            resolve();
-          }
-        });
-      });
-      await close();
-    },
+    drainAndClose,
     close,
   };
 }

@@ -24,6 +24,10 @@ export class LocalSlotSource implements SlotSource {
   #listener: (waitgroup: string) => void = () => undefined;
   /** Highest concurrent running count per waitgroup since start (for tests and /status). */
   readonly maxRunning = new Map<string, number>();
+  /** Highest count of slots reserved or running at once per waitgroup since start (for tests). */
+  readonly maxInUse = new Map<string, number>();
+  /** Jobs running now, so close() can wait for them to end. */
+  readonly #runs = new Set<Promise<unknown>>();
 
   constructor(config: ServeConfig, clock: Clock) {
     this.#config = config;
@@ -57,6 +61,7 @@ export class LocalSlotSource implements SlotSource {
     if (g.reserved.size + g.running.size >= g.processes) return null;
     const slot: Slot = { id: this.#nextId++, waitgroup, service: null };
     g.reserved.add(slot.id);
+    this.maxInUse.set(waitgroup, Math.max(this.maxInUse.get(waitgroup) ?? 0, g.reserved.size + g.running.size));
     return slot;
   }
 
@@ -69,8 +74,16 @@ export class LocalSlotSource implements SlotSource {
     if (g.reserved.delete(slot.id)) this.#listener(slot.waitgroup);
   }
 
-  async run(slot: Slot, job: JobSpec, io: JobIo): Promise<Receipt> {
-    const g = this.#group(slot.waitgroup);
+  run(slot: Slot, job: JobSpec, io: JobIo): Promise<Receipt> {
+    const p = this.#run(slot, job, io);
+    this.#runs.add(p);
+    void p.finally(() => this.#runs.delete(p));
+    return p;
+  }
+
+  async #run(slot: Slot, job: JobSpec, io: JobIo): Promise<Receipt> {
+    const g = this.#groups.get(slot.waitgroup);
+    if (!g) return failedReceipt('internal', `unknown waitgroup ${slot.waitgroup}`);
     if (!g.reserved.delete(slot.id)) return failedReceipt('internal', 'slot was not reserved');
     g.running.add(slot.id);
     this.maxRunning.set(slot.waitgroup, Math.max(this.maxRunning.get(slot.waitgroup) ?? 0, g.running.size));
@@ -104,5 +117,8 @@ export class LocalSlotSource implements SlotSource {
     // Local slots exist whether or not anyone wants them.
   }
 
-  async close(): Promise<void> {}
+  /** Waits for the jobs still running (their callers stop them: CANCEL, connection close). */
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.#runs]);
+  }
 }

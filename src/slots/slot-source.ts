@@ -6,6 +6,15 @@
  * Life of a slot: tryReserve() -> (release() | run()). `run` frees the slot when the job ends;
  * `release` gives back a reservation that was never used. Whenever a slot may have become
  * available the source calls the listener given to `onAvailable`, and the broker pumps.
+ *
+ * What the broker relies on:
+ * - `onAvailable` is also called whenever `inUse` may have dropped or `processes` may have
+ *   changed: the broker re-checks HELLO (processes) and drain completion (every `inUse` 0) there.
+ * - `run` resolves with a receipt and does not reject (the broker turns a rejection into an
+ *   `internal` receipt, so DONE is still sent once).
+ * - While the broker drains, `demandChanged` shows no demand (peek undefined, parked 0) for every
+ *   waitgroup: a source that holds reservations on its own (a gateway's spare tokens) should give
+ *   them back, because the drain completes only once `inUse` is 0 everywhere.
  */
 import type { JobSpec, Receipt } from '../protocol/job.js';
 import type { StdinSource, StdoutSink } from './job-runner.js';

@@ -2,6 +2,7 @@ import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
+import { finished } from 'node:stream/promises';
 import t from 'tap';
 import { ManualClock, systemClock } from '../../src/clock.js';
 import type { CommandConfig } from '../../src/config/types.js';
@@ -9,6 +10,11 @@ import type { JobArg, JobCommand, JobSpec } from '../../src/protocol/job.js';
 import { type RunOptions, STDERR_TAIL_BYTES, runJob } from '../../src/slots/job-runner.js';
 import { MINIMAL_PATH } from '../../src/slots/job-env.js';
 import { fileServer, groupMembers, recordingSink } from './job-runner-helpers.js';
+
+/** What the helpers need of a tap test. */
+interface Teardown {
+  teardown(fn: () => unknown): void;
+}
 
 const SECRET = 's3cr3t-token-xyz';
 
@@ -30,13 +36,13 @@ function job(commands: JobCommand[], extra: Partial<JobSpec> = {}): JobSpec {
 }
 
 /** A fresh tmpRoot per test, so "the temp dir is gone" is checkable. */
-function tmpRoot(t: Tap.Test): string {
+function tmpRoot(t: Teardown): string {
   const dir = mkdtempSync(join(tmpdir(), 'jr-test-'));
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));
   return dir;
 }
 
-function opts(t: Tap.Test, extra: Partial<RunOptions> = {}): RunOptions {
+function opts(t: Teardown, extra: Partial<RunOptions> = {}): RunOptions {
   return { commands: COMMANDS, clock: systemClock, defaultTimeoutSec: 30, tmpRoot: tmpRoot(t), ...extra };
 }
 
@@ -76,7 +82,11 @@ t.test('the environment is minimal plus the configured env, never the server one
       .filter((l) => l !== '')
       .map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]),
   );
-  t.same(Object.keys(env).sort(), ['EMPTY', 'FOO', 'HOME', 'LANG', 'PATH', 'TMPDIR']);
+  // tap's processinfo wraps child_process.spawn and adds its own NODE_OPTIONS and _TAPJS_* to
+  // every child (to follow subprocesses); nothing of ours. Anything else would be a leak.
+  const added = Object.keys(env).filter((k) => k.startsWith('_TAPJS_PROCESSINFO_') || (k === 'NODE_OPTIONS' && /@tapjs\/processinfo/.test(String(env[k]))));
+  const ours = Object.keys(env).filter((k) => !added.includes(k));
+  t.same(ours.sort(), ['EMPTY', 'FOO', 'HOME', 'LANG', 'PATH', 'TMPDIR']);
   t.equal(env.PATH, MINIMAL_PATH);
   t.equal(env.LANG, 'C.UTF-8');
   t.equal(env.FOO, 'abc', 'a value under 4 characters is no secret');
@@ -129,7 +139,7 @@ t.test('a job with no commands is ok at once, without a temp dir', async (t) => 
 t.test('commands run in order in one temp dir, which is removed afterwards', async (t) => {
   const o = opts(t);
   const r = await runJob(job([sh('pwd; echo hello > f.txt'), { prog: 'sh', args: [v('pwd; cat f.txt')] }]), o);
-  t.equal(r.ok, true, JSON.stringify(r.error));
+  t.equal(r.ok, true, `receipt error: ${JSON.stringify(r.error)}`);
   const [dir1, dir2, content] = r.stdout_prefix.split('\n');
   t.equal(dir1, dir2, 'both ran in the same directory');
   t.equal(content, 'hello', 'the second saw the first one\'s file');
@@ -152,7 +162,7 @@ t.test('file_in is downloaded first, file_out uploaded only after success', asyn
   const fin: JobArg = { type: 'file_in', file: { url: `${files.url}/in/a.txt?sig=1`, name: 'a.txt' } };
   const fout: JobArg = { type: 'file_out', file: { url: `${files.url}/out/b.txt`, name: 'b.txt' } };
   const r = await runJob(job([{ prog: 'sh', args: [v('tr a-z A-Z < "$1" > "$2"; basename "$1"'), v('sh'), fin, fout] }]), opts(t));
-  t.equal(r.ok, true, JSON.stringify(r.error));
+  t.equal(r.ok, true, `receipt error: ${JSON.stringify(r.error)}`);
   t.equal(r.stdout_prefix, 'a.txt\n', 'the file_in argument is the downloaded file\'s path');
   t.equal(files.puts.get('/out/b.txt')?.toString(), 'INPUT-DATA');
 
@@ -355,6 +365,9 @@ t.test('commit rule', async (t) => {
   });
 
   t.test('a peer that never takes the commit does not outlive the job timeout', async (t) => {
+    // Our timers are unref'd (a server's listener keeps the process alive); so does this test.
+    const keepAlive = setInterval(() => {}, 60_000);
+    t.teardown(() => clearInterval(keepAlive));
     let aborted = 0;
     const r = await runJob(job([bodyOut(sh('head -c 10000 /dev/zero'))], { timeout_sec: 0.3 }), opts(t, {
       stdout: { commit: () => new Promise(() => {}), abort: () => aborted++ },
@@ -380,7 +393,7 @@ t.test('stdin', async (t) => {
       job([{ prog: 'cat', args: [], stdin: { type: 'body' } }, { prog: 'cat', args: [], stdin: { type: 'body' } }, sh('echo "[$(cat 2>&1)]"')]),
       opts(t, { stdin }),
     );
-    t.equal(r.ok, true, JSON.stringify(r.error));
+    t.equal(r.ok, true, `receipt error: ${JSON.stringify(r.error)}`);
     t.equal(opened, 1);
     t.equal(r.stdout_prefix, 'abcdef[]\n', 'a command without stdin body reads /dev/null');
   });
@@ -392,12 +405,16 @@ t.test('stdin', async (t) => {
   });
 
   t.test('a source that fails mid-stream is pipe_in_failed and stops the command', async (t) => {
-    const src = new Readable({ read() {} });
-    src.push('partial');
+    let reads = 0;
+    const src = new Readable({
+      read() {
+        // The first read gets some data, the second finds the connection gone.
+        if (reads++ === 0) this.push('partial');
+        else setImmediate(() => this.destroy(new Error('socket hang up')));
+      },
+    });
     const stdin = { open: async () => src };
-    const done = runJob(job([{ prog: 'cat', args: [], stdin: { type: 'body' } }]), opts(t, { stdin }));
-    setImmediate(() => src.destroy(new Error('socket hang up')));
-    const r = await done;
+    const r = await runJob(job([{ prog: 'cat', args: [], stdin: { type: 'body' } }]), opts(t, { stdin }));
     t.equal(r.error?.code, 'pipe_in_failed');
     t.match(r.error?.message, /socket hang up/);
   });
@@ -413,9 +430,9 @@ t.test('stdin', async (t) => {
       for (let i = 0; i < 200; i++) yield Buffer.alloc(64 * 1024, 0x41);
     })());
     const r = await runJob(job([{ prog: 'sh', args: [v('head -c 5 >/dev/null; echo done')], stdin: { type: 'body' } }]), opts(t, { stdin: { open: async () => src } }));
-    t.equal(r.ok, true, JSON.stringify(r.error));
+    t.equal(r.ok, true, `receipt error: ${JSON.stringify(r.error)}`);
     t.equal(r.stdout_prefix, 'done\n');
-    await new Promise((resolve) => src.once('end', resolve).once('close', resolve));
-    t.equal(src.destroyed || src.readableEnded, true);
+    await finished(src);
+    t.equal(src.readableEnded, true, 'the unread rest was read and dropped');
   });
 });
