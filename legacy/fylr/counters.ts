@@ -24,11 +24,15 @@ export interface LegacyCountersSnapshot {
   tokens_abandoned: number;
   /** Polling rounds that found no free slot anywhere. */
   busy_rounds: number;
+  /** PUTs sent. */
+  puts_sent: number;
+  /** PUTs answered (or failed without an answer: 'error'), by status. */
   puts: StatusCounts;
   token_not_found: number;
   claim_queries: number;
   /** Claim queries that found an item. */
   claims: number;
+  /** Items the worker pool stored as done (ok receipt), failed, or requeued. */
   results: { done: number; failed: number; requeue: number };
 }
 
@@ -47,6 +51,7 @@ export class LegacyCounters extends EventEmitter {
   readonly #startedAt: number;
   readonly #tokenRequests = { ...emptyCounts(), by_address: {} as Record<string, StatusCounts> };
   readonly #puts = emptyCounts();
+  #putsSent = 0;
   #tokensGranted = 0;
   #tokensAbandoned = 0;
   #busyRounds = 0;
@@ -79,6 +84,11 @@ export class LegacyCounters extends EventEmitter {
 
   busyRound(): void {
     this.#busyRounds++;
+    this.#changed();
+  }
+
+  putSent(): void {
+    this.#putsSent++;
     this.#changed();
   }
 
@@ -147,6 +157,7 @@ export class LegacyCounters extends EventEmitter {
       tokens_granted: this.#tokensGranted,
       tokens_abandoned: this.#tokensAbandoned,
       busy_rounds: this.#busyRounds,
+      puts_sent: this.#putsSent,
       puts: copy(this.#puts),
       token_not_found: this.#tokenNotFound,
       claim_queries: this.#claimQueries,

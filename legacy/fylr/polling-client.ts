@@ -162,8 +162,7 @@ function tokenRound(addrs: readonly LegacyAddress[], service: string, opts: Acqu
           });
           status = res.statusCode;
           text = await res.body.text();
-        } catch (e) {
-          console.error('DBG token error', addr.base, e);
+        } catch {
           status = 'error';
         }
         opts.counters.tokenRequest(addr.address, status);
@@ -251,6 +250,7 @@ async function put(job: JobSpec, grant: Grant, opts: AcquireOptions, dispatcher:
   const url = `${grant.target}/job/${encodeURIComponent(job.service)}?job=${query}`;
   const address = grant.addr.address;
   opts.onRunning?.(grant.target);
+  counters.putSent();
   let res: Dispatcher.ResponseData;
   try {
     res = await request(url, {

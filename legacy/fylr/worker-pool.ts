@@ -184,17 +184,18 @@ export class LegacyWorkerPool {
     w.state = 'stopped';
   }
 
+  /** Runs one item to its outcome and stores it; counts the result once it is stored. */
   async #carry(w: Worker, item: FileQueueItem): Promise<void> {
     const o = this.#o;
     if (isLocalAction(item.action)) {
-      o.counters.result('done');
       await finish(o.pool, item.id, o.owner, okReceipt(), true);
+      o.counters.result('done');
       return;
     }
     const job = validateJob(item.payload, 'payload');
     if (isFieldProblem(job)) {
-      o.counters.result('failed');
       await finish(o.pool, item.id, o.owner, failedReceipt('invalid_job', job.message), false);
+      o.counters.result('failed');
       return;
     }
     job.service = item.action;
@@ -209,16 +210,18 @@ export class LegacyWorkerPool {
         w.state = 'running';
       },
     });
-    o.counters.result(result.kind);
     switch (result.kind) {
       case 'done':
         await finish(o.pool, item.id, o.owner, result.receipt, result.receipt.ok);
+        o.counters.result(result.receipt.ok ? 'done' : 'failed');
         return;
       case 'failed':
         await finish(o.pool, item.id, o.owner, failedReceipt(result.error.code, result.error.message), false);
+        o.counters.result('failed');
         return;
       case 'requeue':
         await requeue(o.pool, item.id, o.owner, result.reason === 'aborted' ? 0 : (o.requeueDelayMs ?? REQUEUE_DELAY_MS));
+        o.counters.result('requeue');
         return;
       default:
         assertNever(result);

@@ -71,12 +71,15 @@ export class BackendClient {
     this.#dispatcher = dispatcher;
   }
 
-  /** One `GET /token/{service}`. Throws a SlotgateError for anything but a token or "busy". */
-  async getToken(service: string, signal?: AbortSignal): Promise<TokenAnswer> {
+  /**
+   * One `GET /token/{service}` at this backend (or at `base`, a replica of it). Throws a
+   * SlotgateError for anything but a token or "busy".
+   */
+  async getToken(service: string, signal?: AbortSignal, base: string = this.url): Promise<TokenAnswer> {
     let status: number;
     let text: string;
     try {
-      const res = await request(`${this.url}/token/${encodeURIComponent(service)}`, {
+      const res = await request(`${base}/token/${encodeURIComponent(service)}`, {
         method: 'GET',
         dispatcher: this.#dispatcher,
         headersTimeout: TOKEN_REQUEST_TIMEOUT_MS,
@@ -86,10 +89,10 @@ export class BackendClient {
       status = res.statusCode;
       text = await res.body.text();
     } catch (e) {
-      throw unreachable(this.url, 'GET /token', e);
+      throw unreachable(base, 'GET /token', e);
     }
     if (status === 503) return { kind: 'busy' };
-    if (status !== 200) throw legacyErrorOf(status, text, this.url);
+    if (status !== 200) throw legacyErrorOf(status, text, base);
     let body: unknown;
     try {
       body = JSON.parse(text);
@@ -97,7 +100,7 @@ export class BackendClient {
       body = undefined;
     }
     if (!isPlainObject(body) || typeof body.token !== 'string' || body.token === '') {
-      throw new SlotgateError('backend_failed', `backend ${this.url}: GET /token answered 200 without a token`);
+      throw new SlotgateError('backend_failed', `backend ${base}: GET /token answered 200 without a token`);
     }
     return { kind: 'token', token: body.token, serviceUrl: typeof body.service === 'string' && body.service !== '' ? body.service : null };
   }
@@ -121,6 +124,22 @@ export class BackendClient {
     } catch (e) {
       if (e instanceof SlotgateError) throw e;
       throw unreachable(target, 'PUT /job', e);
+    }
+  }
+
+  /** Does `target` answer `GET /healthz` with 200? Never throws. */
+  async alive(target: string): Promise<boolean> {
+    try {
+      const res = await request(`${target}/healthz`, {
+        method: 'GET',
+        dispatcher: this.#dispatcher,
+        headersTimeout: TOKEN_REQUEST_TIMEOUT_MS,
+        bodyTimeout: TOKEN_REQUEST_TIMEOUT_MS,
+      });
+      await res.body.dump();
+      return res.statusCode === 200;
+    } catch {
+      return false;
     }
   }
 

@@ -33,12 +33,21 @@ import type { DemandView, JobIo, Slot, SlotSource } from '../slots/slot-source.j
 import { type Backend, type BackendStatus, backendsOf } from './backend.js';
 import { backendDispatcher } from './backend-client.js';
 import { relayJob } from './job-relay.js';
+import { acceptServiceUrl } from './replica-url.js';
 import { type TokenGrant, TokenPump } from './token-pump.js';
 
 /** A re-offered token must outlive its new offer by this much (the JOB's trip to the backend). */
 export const REOFFER_MARGIN_MS = 500;
 /** A fresh token is offered if no older than this (its request took longer: given back). */
 export const FRESH_TOKEN_MAX_AGE_MS = 250;
+/**
+ * After a CANCEL the old execserver stops the job when the gateway hangs up (SIGTERM, then
+ * SIGKILL after its kill grace of 2 s) and frees the slot, and says nothing. DONE waits until the
+ * backend grants a token in that waitgroup again, asking with backoff from STOP_PROBE_FIRST_MS,
+ * for at most STOP_CONFIRM_MS.
+ */
+export const STOP_CONFIRM_MS = 3000;
+export const STOP_PROBE_FIRST_MS = 10;
 
 type TokenState = 'free' | 'offered' | 'running' | 'returning' | 'gone';
 
@@ -73,11 +82,12 @@ export class GatewaySlotSource implements SlotSource {
   readonly #pump: TokenPump;
   readonly #tokens = new Map<number, HeldToken>();
   readonly #returning = new Set<Promise<void>>();
+  /** Relays and stop confirmations in flight; close() waits for them. */
+  readonly #work = new Set<Promise<unknown>>();
   readonly #sweeps = new Set<string>();
   #view: DemandView | undefined;
   #listener: (waitgroup: string) => void = () => undefined;
   #draining: () => boolean = () => false;
-  #drainRequested = false;
   #closed = false;
   #nextId = 1;
 
@@ -94,19 +104,16 @@ export class GatewaySlotSource implements SlotSource {
     });
   }
 
-  /** Lets the source see the broker's draining flag (it stops asking for tokens then). */
+  /**
+   * Lets the source see the broker's draining flag: while it is up no token is asked for, and
+   * one that arrives is given back (the broker makes no offers then).
+   */
   watchDraining(draining: () => boolean): void {
     this.#draining = draining;
   }
 
-  /** The server is draining: ask for nothing more, give back what nobody holds. */
-  drain(): void {
-    this.#drainRequested = true;
-    for (const wg of Object.keys(this.#config.waitgroups)) this.#sweep(wg);
-  }
-
   #stopped(): boolean {
-    return this.#closed || this.#drainRequested || this.#draining();
+    return this.#closed || this.#draining();
   }
 
   // ---------------------------------------------------------------- counts
@@ -173,6 +180,16 @@ export class GatewaySlotSource implements SlotSource {
     const t = this.#tokens.get(slot.id);
     if (t === undefined || t.state !== 'offered') return failedReceipt('internal', 'slot was not reserved');
     t.state = 'running';
+    const work = this.#relay(t, job, io);
+    this.#work.add(work);
+    try {
+      return await work;
+    } finally {
+      this.#work.delete(work);
+    }
+  }
+
+  async #relay(t: HeldToken, job: JobSpec, io: JobIo): Promise<Receipt> {
     const b = t.backend;
     b.jobsRelayed++;
     const { receipt, tokenSpent } = await relayJob({ client: b.client, target: t.target, token: t.token }, job, io, {
@@ -183,9 +200,40 @@ export class GatewaySlotSource implements SlotSource {
       b.jobsFailed++;
       b.lastError = receipt.error.message;
     }
-    if (tokenSpent) this.#gone(t);
-    else this.#giveBack(t);
+    if (!tokenSpent) this.#giveBack(t);
+    else {
+      if (receipt.stopped) await this.#confirmStopped(t);
+      this.#gone(t);
+    }
     return receipt;
+  }
+
+  /**
+   * A relayed job was stopped by hanging up on its backend: resolves once the backend grants a
+   * token of the waitgroup again (its slot is back; the token joins the pool, so a parked want
+   * gets it at once, or it is given back), or after STOP_CONFIRM_MS, or when it cannot be asked.
+   */
+  async #confirmStopped(t: HeldToken): Promise<void> {
+    const b = t.backend;
+    const deadline = this.#clock.now() + STOP_CONFIRM_MS;
+    for (let wait = STOP_PROBE_FIRST_MS; !this.#stopped(); wait *= 2) {
+      const askedAt = this.#clock.now();
+      let answer;
+      try {
+        answer = await b.client.getToken(t.service, undefined, t.target);
+      } catch {
+        return;
+      }
+      if (answer.kind === 'token') {
+        b.countTokenRequest('200');
+        const target = answer.serviceUrl === null ? t.target : acceptServiceUrl(answer.serviceUrl, b.url, this.backends.map((x) => x.url));
+        if (target !== null) this.#tokenArrived({ backend: b, waitgroup: t.waitgroup, service: t.service, token: answer.token, target, askedAt });
+        return;
+      }
+      b.countTokenRequest('503');
+      if (this.#clock.now() + wait > deadline) return;
+      await new Promise<void>((resolve) => this.#clock.setTimeout(resolve, wait));
+    }
   }
 
   onAvailable(listener: (waitgroup: string) => void): void {
@@ -312,7 +360,7 @@ export class GatewaySlotSource implements SlotSource {
     this.#closed = true;
     this.#pump.close();
     for (const t of [...this.#tokens.values()]) if (t.state === 'free' || t.state === 'offered') this.#giveBack(t);
-    while (this.#returning.size > 0) await Promise.allSettled([...this.#returning]);
+    while (this.#work.size > 0 || this.#returning.size > 0) await Promise.allSettled([...this.#work, ...this.#returning]);
     await this.#dispatcher.close().catch(() => undefined);
   }
 }

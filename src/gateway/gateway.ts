@@ -34,12 +34,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Execserver> {
     extraStatus: () => ({ gateway: source.status() }),
     ...(opts.logger !== undefined ? { logger: opts.logger } : {}),
   });
+  // Draining (SIGTERM, POST /drain): no more token requests, tokens nobody holds go back.
   source.watchDraining(() => server.broker.draining);
-  const drainAndClose = server.drainAndClose.bind(server);
-  return Object.assign(server, {
-    async drainAndClose() {
-      source.drain();
-      await drainAndClose();
-    },
-  });
+  return server;
 }

@@ -6,7 +6,10 @@
  *          answer 200 ──► the fylr's out-pipe (PUT pipes.out) through the 4000-byte commit rule
  *                         (BodyOutput, as a local job's stdout)               (body-mode stdout)
  *          answer 200/5xx with a receipt JSON ──► that receipt
- *          anything else, a refused connection, a stream cut short ──► error `backend_failed`
+ *          a stdout stream cut short ──► `command_failed` if the backend still answers
+ *                         /healthz (the old execserver breaks its answer off when a job fails after
+ *                         its commit, and sends no receipt), `backend_failed` if it is gone
+ *          anything else, a refused connection ──► error `backend_failed`
  *
  * Memory stays bounded: every byte flows stream to stream with backpressure; what is kept is the
  * receipt's stdout prefix (4000 bytes) and the commit buffer (4000 bytes).
@@ -139,7 +142,14 @@ export async function relayJob(t: RelayTarget, job: JobSpec, io: JobIo, opts: Re
     } catch (e) {
       return { receipt: failure(e), tokenSpent: true };
     }
-    if (body.stdout && res.statusCode === 200) return { receipt: await streamStdout(res.body, io, stop, failure, elapsed), tokenSpent: true };
+    if (body.stdout && res.statusCode === 200) {
+      const receipt = await streamStdout(res.body, io, stop, failure, elapsed);
+      if (receipt.error?.code === 'backend_failed' && why === null && (await t.client.alive(t.target))) {
+        const message = `the job failed on backend ${t.target} after its output was committed (an old execserver then breaks its answer off without a receipt)`;
+        return { receipt: { ...receipt, error: { code: 'command_failed', message } }, tokenSpent: true };
+      }
+      return { receipt, tokenSpent: true };
+    }
 
     let text: string;
     try {

@@ -241,6 +241,7 @@ t.test('a legacy client that hangs up stops its job; the slot comes back', async
 t.test('a legacy token and a broker offer never share a slot: 200 mixed acquisitions against 3 slots', async (t) => {
   const s = await serve(t, { processes: 3 });
   const job = jobs.sleep('0.01');
+  const t0 = Date.now();
   const legacyTimes: number[] = [];
   let legacy503 = 0;
   const legacyClient = async (n: number): Promise<number> => {
@@ -276,6 +277,7 @@ t.test('a legacy token and a broker offer never share a slot: 200 mixed acquisit
   t.ok(legacyTimes.some((x) => x < brokerEnd), 'legacy tokens were issued while broker jobs were still coming: they really shared');
   t.ok(legacy503 > 0, `legacy clients were turned away while slots were taken (${legacy503} times)`);
   t.equal(s.source.inUse(WG), 0, 'every slot came home');
+  t.comment(`503s: ${legacy503}, broker ended ${brokerEnd - t0} ms, all ${Date.now() - t0} ms`);
 });
 
 t.test('drain with a legacy token out: /token answers 503, the token can still be redeemed, then the server closes', async (t) => {

@@ -77,26 +77,28 @@ t.test('an out-pipe is written into the sink once, then 410', async (t) => {
 t.test('unused pipes expire after the ttl (404), used ones answer 410 until then', async (t) => {
   const clock = new ManualClock();
   const { pipes, url } = await startPipeApp(t, { clock, ttlMs: 1000 });
-  const unused = pipes.createIn(undefined);
-  const used = pipes.createIn(undefined);
-  const got = await request(`${url}${used.path}`);
-  await got.body.dump();
+  const status = async (path: string, method: 'GET' | 'PUT' = 'GET'): Promise<number> => {
+    const r = await request(`${url}${path}`, method === 'PUT' ? { method, body: 'x' } : {});
+    await r.body.dump();
+    return r.statusCode;
+  };
+  const a = pipes.createIn(undefined);
+  const b = pipes.createIn(undefined);
+  t.equal(await status(b.path), 200, 'b used at t=0');
   clock.advance(999);
-  t.equal((await request(`${url}${unused.path}`).then(async (r) => (await r.body.dump(), r))).statusCode, 200, 'still there 1 ms before the ttl');
-
-  const late = pipes.createOut(undefined);
-  clock.advance(1000);
-  const res = await request(`${url}${late.path}`, { method: 'PUT', body: 'x' });
-  t.equal(res.statusCode, 404, 'expired');
-  await res.body.dump();
-  const r = await late.result;
+  t.equal(await status(a.path), 200, 'a still there 1 ms before its ttl; used at t=999');
+  t.equal(await status(b.path), 410, 'b used: 410');
+  const c = pipes.createOut(undefined);
+  clock.advance(1);
+  t.equal(await status(b.path), 404, "b's tombstone forgotten one ttl after its use");
+  clock.advance(998);
+  t.equal(await status(a.path), 410, 'a: still 410 at t=1998');
+  clock.advance(1);
+  t.equal(await status(c.path, 'PUT'), 404, 'c expired unused at t=1999');
+  const r = await c.result;
   t.equal(r.started, false, 'an expired pipe settles as never started');
-  t.equal(pipes.size, 1, 'only the tombstone of `unused` (used at t=999) is left');
-  clock.advance(1000);
-  t.equal(pipes.size, 0, 'tombstones are forgotten after the ttl too');
-  const gone = await request(`${url}${used.path}`);
-  t.equal(gone.statusCode, 404, 'a forgotten tombstone is unknown');
-  await gone.body.dump();
+  t.equal(await status(a.path), 404, "a's tombstone forgotten too");
+  t.equal(pipes.size, 0, 'nothing left');
 });
 
 t.test('discard() forgets an unused pipe at once', async (t) => {
@@ -171,14 +173,13 @@ t.test('streams with backpressure: 8 MiB through a slow sink, never all buffered
 t.test('an aborted PUT is a failed out-pipe, even when bytes arrived', async (t) => {
   const { pipes, port } = await startPipeApp(t);
   const sink = new PassThrough();
-  sink.resume();
   const p = pipes.createOut(sink);
   const sock = net.connect(port, '127.0.0.1');
   await new Promise<void>((r) => sock.once('connect', () => r()));
-  sock.write(`PUT ${p.path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n`);
-  await new Promise((r) => setTimeout(r, 0));
   // Wait until the server has the bytes, then drop the socket mid-body.
-  await new Promise<void>((resolve) => sink.once('data', () => resolve()));
+  const arrived = new Promise<void>((resolve) => sink.once('data', () => resolve()));
+  sock.write(`PUT ${p.path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n`);
+  await arrived;
   sock.destroy();
   const r = await p.result;
   t.equal(r.started, true);

@@ -7,13 +7,7 @@ import { once } from 'node:events';
 import type { AddressInfo } from 'node:net';
 import { parseServeConfig } from '../../src/config/load-config.js';
 import type { JobSpec } from '../../src/protocol/job.js';
-import { createExecserver } from '../../src/execserver/server.js';
-// DEV ONLY until legacy/execserver exists
-async function startLegacyExecserver(config: import('../../src/config/types.js').ServeConfig, _o: unknown) {
-  const e = await createExecserver({ config });
-  const url = await e.listen();
-  return { url, close: () => { Error.stackTraceLimit = 60; console.error('CLOSE', url, new Error().stack); return e.close(); }, counters: {} as Record<string, unknown> };
-}
+import { type LegacyExecserver, startLegacyExecserver } from '../../legacy/execserver/legacy-execserver.js';
 
 type Teardown = { teardown(fn: () => unknown): void };
 
@@ -24,7 +18,7 @@ export interface ExecOptions {
   tokenResponseSendServerIP?: boolean;
 }
 
-export type LegacyExec = Awaited<ReturnType<typeof startLegacyExecserver>>;
+export type LegacyExec = LegacyExecserver;
 
 /** A legacy execserver with services `echo`, `cat` (waitgroup fast), `sleep` (waitgroup slow). */
 export async function startExec(t: Teardown, opts: ExecOptions = {}): Promise<LegacyExec> {
@@ -44,7 +38,7 @@ export async function startExec(t: Teardown, opts: ExecOptions = {}): Promise<Le
     },
     tokenResponseSendServerIP: opts.tokenResponseSendServerIP ?? false,
   });
-  const exec = await startLegacyExecserver(config, { log: false });
+  const exec = await startLegacyExecserver(config, { killGraceMs: 100 });
   t.teardown(() => exec.close());
   return exec;
 }

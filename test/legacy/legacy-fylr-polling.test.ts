@@ -5,18 +5,17 @@ import { LegacyCounters } from '../../legacy/fylr/counters.js';
 import { acquireAndRun, type AcquireResult, legacyError, parseLegacyAddress } from '../../legacy/fylr/polling-client.js';
 import { echoJob, noopJob, sleepJob, startExec } from './legacy-fylr-helpers.js';
 
-/** Occupies the only `slow` slot of `url` with a long `sleep` job; resolves once its PUT is out. */
-async function holdSlowSlot(url: string): Promise<Promise<AcquireResult>> {
+/**
+ * Occupies the only `slow` slot of `url` with a long `sleep` job; resolves once its PUT is out.
+ * The job ends (killed or failed) when its execserver closes at teardown.
+ */
+async function holdSlowSlot(url: string): Promise<{ result: Promise<AcquireResult> }> {
   const counters = new LegacyCounters();
   let running!: () => void;
   const sent = new Promise<void>((r) => (running = r));
   const result = acquireAndRun(sleepJob(60), { addresses: [url], connectTimeoutSec: 5, clock: systemClock, counters, onRunning: () => running() });
-  console.error("hold sent", url); counters.on("change", () => console.error(JSON.stringify(counters.snapshot().token_requests)));
   await sent;
-  console.error("hold done");
-  // The job ends (killed or failed) when its execserver closes at teardown.
-  void result.catch(() => undefined);
-  return result;
+  return { result };
 }
 
 t.test('parseLegacyAddress: a /job/<service> path limits the address', async (t) => {
@@ -126,20 +125,16 @@ t.test('first token wins; the other round trip tokens are left to expire', async
   t.equal(s.tokens_granted, 2, 'both free execservers granted a token');
   t.equal(s.tokens_abandoned, 1, 'one of them is never used');
   t.equal(s.puts.total, 1);
+  t.equal(a.counters.tokensIssued + b.counters.tokensIssued, 2);
+  t.equal(a.counters.tokensRedeemed + b.counters.tokensRedeemed, 1);
   // The abandoned token still holds the loser's only fast slot: a job for it alone finds it busy.
   const loser = r.kind === 'done' && r.target === a.url ? b.url : a.url;
   const clock = new ManualClock();
-  const busy = acquireAndRun(noopJob('echo'), { addresses: [loser], connectTimeoutSec: 1, clock, counters: new LegacyCounters(clock) });
-  const c2 = new LegacyCounters();
-  void c2;
+  const busyCounters = new LegacyCounters(clock);
+  const busy = acquireAndRun(noopJob('echo'), { addresses: [loser], connectTimeoutSec: 1, clock, counters: busyCounters });
   // One round (503), then the deadline.
-  await new Promise<void>((resolve) => {
-    const tick = (): void => {
-      if (clock.pending > 0) return resolve();
-      setImmediate(tick);
-    };
-    tick();
-  });
+  await busyCounters.until(() => busyCounters.busyRounds === 1);
+  t.same(busyCounters.snapshot().token_requests.by_status, { '503': 1 });
   clock.advance(1000);
   const br = await busy;
   t.same(br, { kind: 'requeue', reason: 'no_slot', rounds: 1 });
@@ -161,7 +156,6 @@ t.test('polling storm: N waiting jobs × A busy addresses ≈ N×A token request
   );
   for (let s = 1; s <= SECONDS; s++) {
     // Every job finished its round (all addresses busy) and sleeps until the next tick.
-    console.error("waiting", s, counters.busyRounds, counters.tokenRequests);
     await counters.until(() => counters.busyRounds >= N * s);
     t.equal(counters.tokenRequests, N * A * s, `after round ${s}`);
     clock.advance(1000);
@@ -177,6 +171,9 @@ t.test('polling storm: N waiting jobs × A busy addresses ≈ N×A token request
   t.equal(snap.token_requests.by_address[a.url]?.total, N * SECONDS);
   t.equal(snap.token_requests.by_address[b.url]?.total, N * SECONDS);
   t.equal(snap.puts.total, 0);
+  // The servers saw the same storm.
+  t.equal(a.counters.requests.token[503], N * SECONDS, 'execserver a answered N×seconds 503s');
+  t.equal(b.counters.requests.token[503], N * SECONDS, 'execserver b answered N×seconds 503s');
 });
 
 t.test('an aborted slot wait requeues at once', async (t) => {

@@ -6,7 +6,27 @@ import type { AddressInfo } from 'node:net';
 import { Writable } from 'node:stream';
 import type { StdoutSink } from '../../src/slots/job-runner.js';
 
-/** Live (not zombie) processes whose process group is `pgid`, from /proc. */
+const PF_EXITING = 0x4;
+const SIGKILL_BIT = 1n << 8n; // signal 9
+
+/** Has this process a SIGKILL pending (it will never run user code again)? */
+function killPending(pid: string): boolean {
+  try {
+    const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+    for (const key of ['SigPnd', 'ShdPnd']) {
+      const m = new RegExp(`^${key}:\\s*([0-9a-f]+)`, 'm').exec(status);
+      if (m && (BigInt(`0x${m[1]}`) & SIGKILL_BIT) !== 0n) return true;
+    }
+  } catch {
+    return true; // gone meanwhile
+  }
+  return false;
+}
+
+/**
+ * Processes of process group `pgid` that can still run, from /proc: not zombies (PID 1 here
+ * may not reap orphans), not already exiting, not holding a pending SIGKILL.
+ */
 export function groupMembers(pgid: number): number[] {
   const out: number[] = [];
   for (const name of readdirSync('/proc')) {
@@ -19,7 +39,9 @@ export function groupMembers(pgid: number): number[] {
     }
     const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     const state = rest[0];
-    if (Number(rest[2]) === pgid && state !== 'Z' && state !== 'X') out.push(Number(name));
+    if (Number(rest[2]) !== pgid || state === 'Z' || state === 'X') continue;
+    if ((Number(rest[6]) & PF_EXITING) !== 0 || killPending(name)) continue;
+    out.push(Number(name));
   }
   return out;
 }

@@ -74,11 +74,14 @@ t.test('the environment is minimal plus the configured env, never the server one
   process.env.SLOTGATE_SECRET_TEST = 'must-not-leak';
   t.teardown(() => delete process.env.SLOTGATE_SECRET_TEST);
   const o = opts(t);
-  const r = await runJob(job([{ prog: 'env', args: [] }]), o);
+  // All of it through a sink (NUL-separated: values may hold newlines), not only the 4000-byte prefix.
+  const sink = recordingSink({ keep: true });
+  const r = await runJob(job([{ prog: 'env', args: [v('-0')], stdout: { type: 'body' } }]), { ...o, stdout: sink });
   t.equal(r.ok, true);
+  const out = sink.data().toString();
   const env = Object.fromEntries(
-    r.stdout_prefix
-      .split('\n')
+    out
+      .split('\0')
       .filter((l) => l !== '')
       .map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]),
   );
@@ -90,9 +93,10 @@ t.test('the environment is minimal plus the configured env, never the server one
   t.equal(env.PATH, MINIMAL_PATH);
   t.equal(env.LANG, 'C.UTF-8');
   t.equal(env.FOO, 'abc', 'a value under 4 characters is no secret');
+  t.equal(env.EMPTY, '');
   t.equal(env.HOME, env.TMPDIR);
   t.ok(String(env.HOME).startsWith(join(o.tmpRoot as string, 'slotgate-job-')), 'HOME is the job temp dir');
-  t.notMatch(r.stdout_prefix, /must-not-leak|SLOTGATE_SECRET_TEST/);
+  t.notMatch(out, /must-not-leak|SLOTGATE_SECRET_TEST/);
 });
 
 t.test('configured env values are redacted from stdout_prefix, stderr_line and error.message', async (t) => {
