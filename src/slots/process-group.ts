@@ -36,7 +36,7 @@ export interface SpawnGroupOptions {
 
 function signalGroup(pgid: number, signal: NodeJS.Signals): void {
   try {
-    process.kill(pgid, signal);
+    process.kill(-pgid, signal);
   } catch {
     // ESRCH: the group is already gone.
   }

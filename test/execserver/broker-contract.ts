@@ -407,6 +407,9 @@ export function brokerContract(t: Test, factory: ContractFactory): void {
     const s = await serve(t, 2, { offer_timeout_ms: 8000, max_wants_per_connection: 3 });
     const p = await s.peer();
     const other = await s.peer();
+    // The HELLO that announces `other` (re-sent at most every 100 ms) must not count as a frame
+    // sent in answer to the refusals below.
+    await p.next('HELLO', (h) => h.clients === 2);
     await p.acquire('running', jobs.sleep(60));
     p.want('offered', 'echo');
     const offer = await p.next('OFFER', 'offered');

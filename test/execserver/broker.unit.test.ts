@@ -357,6 +357,10 @@ t.test('rule 3: a WANT with a free slot is offered in the same step', async (t) 
   a.want('j1');
   t.same(a.fresh().map(label), ['OFFER(j1)']);
   t.same(made, [null], 'no slot-free-to-OFFER latency: the slot was free before anyone waited');
+  a.want('j2');
+  const [t1, t2] = [a.offer('j1')!.token, a.offer('j2')!.token];
+  t.match(t1, /^[A-Za-z0-9_-]{22}$/, 'an offer token is 128 random bits, base64url');
+  t.not(t1, t2, 'every offer has its own token');
 });
 
 t.test('slot-free-to-OFFER latency is measured from a slot freeing while wants wait', async (t) => {

@@ -145,6 +145,10 @@ t.test('§5 PUT /job (not body mode): 200 with the receipt JSON, ok or not', asy
   t.equal(bad.status, 200, 'not body mode: 200 even for a failure');
   t.equal((bad.json as Receipt).ok, false);
   t.equal((bad.json as Receipt).exit_code, 3);
+  const noService = { commands: jobs.echo('path').commands, token: (await getToken(s.url, 'echo')).body.token as string } as unknown as JobSpec;
+  const fromPath = await putJob(s.url, 'echo', noService);
+  t.equal(fromPath.status, 200, 'a job without service takes the one of the path');
+  t.equal((fromPath.json as Receipt).stdout_prefix, 'path\n');
   const long = { ...jobs.echo('x'.repeat(30_000)), token: (await getToken(s.url, 'echo')).body.token as string };
   const big = await putJob(s.url, 'echo', long);
   t.equal(big.status, 200, 'a job of 30 kB in the query string is taken (old execservers took 1 MiB heads)');
