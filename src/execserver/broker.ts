@@ -44,7 +44,10 @@ import {
   PING_MISSES_ALLOWED,
   type RunningJob,
 } from './broker-connection.js';
+import { type BrokerReportView, type BrokerStatus, positionOf, type RunningByPriority, runningByPriorityOf, statusOf } from './broker-reports.js';
 import { RunStats } from './run-stats.js';
+
+export type { BrokerStatus, RunningByPriority, WaitgroupStatus } from './broker-reports.js';
 
 export interface BrokerOptions {
   config: ServeConfig;
@@ -62,37 +65,6 @@ export interface BrokerSession {
   /** The socket closed, for whatever reason. Idempotent. */
   closed(reason?: string): void;
 }
-
-export interface WaitgroupStatus {
-  processes: number;
-  running: number;
-  in_use: number;
-  parked: number;
-  offered: number;
-  parked_by_priority: Record<string, number>;
-}
-
-export interface BrokerStatus {
-  instance_id: string;
-  name: string;
-  kind: SlotSource['kind'];
-  draining: boolean;
-  waitgroups: Record<string, WaitgroupStatus>;
-  connections: {
-    id: string;
-    remote_address: string | null;
-    local_address: string | null;
-    connected_ms: number;
-    parked: number;
-    offered: number;
-    running: number;
-    frames_in: number;
-    frames_out: number;
-  }[];
-}
-
-/** Running jobs by priority; jobs that did not come through the broker (legacy PUTs) as 'legacy'. */
-export type RunningByPriority = Map<string, number>;
 
 /**
  * Offer tokens: 128 random bits, base64url (22 characters). A token is only checked against its
@@ -547,42 +519,36 @@ export class Broker {
     }
   }
 
-  // ---------------------------------------------------------------- queries
+  // ---------------------------------------------------------------- queries (broker-reports.ts)
+
+  /** What the reports may read; nothing in it can change the broker. */
+  #reportView(): BrokerReportView {
+    return {
+      instanceId: this.instanceId,
+      config: this.config,
+      source: this.source,
+      book: this.book,
+      stats: this.stats,
+      now: this.clock.now(),
+      draining: this.#draining,
+      connections: this.#connections,
+      jobs: this.#jobs,
+    };
+  }
 
   /**
    * POSITION for a job of this connection: a parked want (ahead by the grant rule replayed), an
    * offered job (ahead 0) or a running one (ahead 0, eta_ms the mean run time left).
    */
   position(connId: ConnectionId, jobId: string): PositionMessage | undefined {
-    const conn = this.#connections.get(connId);
-    if (!conn) return undefined;
-    const want = this.book.get(jobId, connId);
-    const offer = conn.offers.get(jobId);
-    const running = conn.running.get(jobId);
-    const waitgroup = want?.waitgroup ?? offer?.slot.waitgroup ?? running?.slot.waitgroup;
-    const service = want?.service ?? offer?.want.service ?? running?.service;
-    if (waitgroup === undefined || service === undefined) return undefined;
-    const capacity = this.source.processes(waitgroup);
-    const ahead = want ? (this.book.position(jobId, connId)?.ahead ?? 0) : 0;
-    let eta: number | null;
-    if (want) eta = this.stats.etaMs(service, ahead, capacity, capacity - this.source.inUse(waitgroup));
-    else if (offer) eta = this.stats.meanMs(service);
-    else eta = this.stats.remainingMs(service, this.clock.now() - running!.startedAt);
-    return {
-      type: 'POSITION',
-      job_id: jobId,
-      running: this.source.running(waitgroup),
-      ahead,
-      capacity,
-      parked: this.book.parked(waitgroup),
-      eta_ms: eta === null ? null : Math.round(eta),
-    };
+    return positionOf(this.#reportView(), connId, jobId);
   }
 
   /** `GET /queue/{job_id}`: job ids are unique per connection only; the first connection that knows it. */
   positionAnywhere(jobId: string): PositionMessage | undefined {
+    const view = this.#reportView();
     for (const conn of this.#connections.values()) {
-      const p = this.position(conn.id, jobId);
+      const p = positionOf(view, conn.id, jobId);
       if (p) return p;
     }
     return undefined;
@@ -590,54 +556,11 @@ export class Broker {
 
   /** Jobs running in the waitgroup by the priority of their WANT; the rest (legacy PUTs) as 'legacy'. */
   runningByPriority(waitgroup: string): RunningByPriority {
-    const out: RunningByPriority = new Map();
-    let broker = 0;
-    for (const job of this.#jobs) {
-      if (job.slot.waitgroup !== waitgroup) continue;
-      broker++;
-      const p = String(job.priority);
-      out.set(p, (out.get(p) ?? 0) + 1);
-    }
-    const other = this.source.running(waitgroup) - broker;
-    if (other > 0) out.set('legacy', other);
-    return out;
+    return runningByPriorityOf(this.#reportView(), waitgroup);
   }
 
   status(): BrokerStatus {
-    const offeredBy = new Map<string, number>();
-    for (const c of this.#connections.values()) {
-      for (const o of c.offers.values()) offeredBy.set(o.slot.waitgroup, (offeredBy.get(o.slot.waitgroup) ?? 0) + 1);
-    }
-    const waitgroups: Record<string, WaitgroupStatus> = {};
-    for (const wg of Object.keys(this.config.waitgroups)) {
-      waitgroups[wg] = {
-        processes: this.source.processes(wg),
-        running: this.source.running(wg),
-        in_use: this.source.inUse(wg),
-        parked: this.book.parked(wg),
-        offered: offeredBy.get(wg) ?? 0,
-        parked_by_priority: Object.fromEntries([...this.book.parkedByPriority(wg)].map(([p, n]) => [String(p), n])),
-      };
-    }
-    const now = this.clock.now();
-    return {
-      instance_id: this.instanceId,
-      name: this.config.name,
-      kind: this.source.kind,
-      draining: this.#draining,
-      waitgroups,
-      connections: [...this.#connections.values()].map((c) => ({
-        id: c.id,
-        remote_address: c.info.remoteAddress ?? null,
-        local_address: c.info.localAddress ?? null,
-        connected_ms: Math.round(now - c.connectedAt),
-        parked: this.book.connectionWants(c.id),
-        offered: c.offers.size,
-        running: c.running.size,
-        frames_in: c.framesIn,
-        frames_out: c.framesOut,
-      })),
-    };
+    return statusOf(this.#reportView());
   }
 
   // ---------------------------------------------------------------- draining

@@ -51,7 +51,8 @@ export interface DispatchLease {
   release?(): void;
 }
 
-export type DispatchAcquireResult = { kind: 'slot'; lease: DispatchLease } | { kind: 'requeue' };
+/** `requeue`: no slot within connectTimeoutSec ('timeout'), or the wait was aborted / the client closed. */
+export type DispatchAcquireResult = { kind: 'slot'; lease: DispatchLease } | { kind: 'requeue'; reason?: 'timeout' | 'aborted' | 'closed' };
 
 export interface DispatchClient extends ExecAdmissionSource {
   acquire(req: { jobId: string; service: string; priority: number; timeoutSec?: number }, signal?: AbortSignal): Promise<DispatchAcquireResult>;
@@ -394,7 +395,7 @@ export class Dispatcher extends EventEmitter {
       return this.#record(c, failedReceipt('internal', `acquiring a slot failed: ${(e as Error).message}`));
     }
     if (acquired.kind === 'requeue') {
-      if (c.abort.signal.aborted) return this.#giveBack(c);
+      if (c.abort.signal.aborted || acquired.reason === 'aborted' || acquired.reason === 'closed') return this.#giveBack(c);
       if (c.lost) return;
       c.phase = 'recording';
       this.counters.requeued_no_slot++;
@@ -417,6 +418,8 @@ export class Dispatcher extends EventEmitter {
     } catch (e) {
       receipt = failedReceipt('internal', `running the job failed: ${(e as Error).message}`);
     }
+    // The lease lapsed or its connection closed before JOB: nothing ran, so it is no failure.
+    if (receipt.error?.code === 'no_slot') return this.#giveBack(c);
     await this.#record(c, receipt);
   }
 

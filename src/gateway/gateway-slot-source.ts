@@ -304,6 +304,8 @@ export class GatewaySlotSource implements SlotSource {
     t.backend.hold(t.waitgroup, -1);
     this.#pump.wake(t.backend, t.waitgroup);
     this.#fill(t.waitgroup);
+    // inUse dropped (the broker re-checks a drain's completion here).
+    this.#listener(t.waitgroup);
   }
 
   #giveBack(t: HeldToken): void {
@@ -313,7 +315,9 @@ export class GatewaySlotSource implements SlotSource {
       this.#gone(t);
       return;
     }
+    const wasInUse = t.state === 'free' || t.state === 'offered';
     t.state = 'returning';
+    if (wasInUse) this.#listener(t.waitgroup);
     const p = t.backend.client
       .giveBack(t.target, t.service, t.token)
       .then(

@@ -11,6 +11,8 @@
  *                      service: 400 "Token not found", no backend contacted), the job re-encoded
  *                      with the backend's own token, and the request streamed both ways through
  *                      http-proxy to that backend (or the replica that issued the token).
+ *   GET|HEAD /job/{svc}  a probe: passed through to the first backend offering the service, so
+ *                      an old fylr sees what its old execserver would answer.
  *   GET /healthz       the admin route's 200.
  *
  * Whatever a job or a header says, the only addresses are the configured backends and the
@@ -104,6 +106,22 @@ export function gatewayLegacyApi(opts: GatewayLegacyApiOptions): FastifyPluginAs
         return reply.send(body);
       }
       return busy();
+    });
+
+    app.route<{ Params: { service: string } }>({
+      method: ['GET', 'HEAD'],
+      url: '/job/:service',
+      exposeHeadRoute: false,
+      handler: async (req, reply) => {
+        const service = req.params.service;
+        const waitgroup = broker.waitgroupOf(service);
+        const b = waitgroup === undefined ? undefined : source.backends.find((x) => x.processes(waitgroup) > 0);
+        if (b === undefined) return legacyError(reply, 404, unknownServiceText(service));
+        reply.hijack();
+        await proxy.forward(req.raw, reply.raw, b.url, `/job/${encodeURIComponent(service)}`, (err) => {
+          rawLegacyError(reply.raw, 502, `backend ${b.url} unavailable: ${(err as NodeJS.ErrnoException).code ?? err.message}`);
+        });
+      },
     });
 
     app.put<{ Params: { service: string }; Querystring: Record<string, unknown> }>('/job/:service', async (req, reply) => {

@@ -593,7 +593,7 @@ export function brokerContract(t: Test, factory: ContractFactory): void {
     t.equal((await sink.received).sha256, (await src.served).sha256);
   });
 
-  t.test('§2 a pipe that was served already (410) or never existed (404) fails the job, no hang', async (t) => {
+  t.test('§2 a pipe that was served already (410) or never existed (404) fails the job with pipe_in_failed / pipe_out_failed, no hang', async (t) => {
     const s = await serve(t, 1);
     const pipes = await startPipeServer();
     t.teardown(() => pipes.close());
@@ -608,6 +608,11 @@ export function brokerContract(t: Test, factory: ContractFactory): void {
     const missing = await p.run('c404', jobs.cat({ in: `${pipes.url}/pipe/AAAAAAAAAAAAAAAAAAAAAA`, out: pipes.sink().url }));
     t.equal(missing.receipt.error?.code, 'pipe_in_failed');
     t.equal(sink.started, false, 'nothing was PUT');
+    const usedOut = pipes.sink();
+    t.equal((await fetch(usedOut.url, { method: 'PUT', body: 'first' })).status, 200);
+    const outGone = await p.run('o410', jobs.cat({ in: pipes.source(20_000).url, out: usedOut.url }));
+    t.equal(outGone.receipt.ok, false, 'an out-pipe that answers 410 fails the job');
+    t.equal(outGone.receipt.error?.code, 'pipe_out_failed');
   });
 
   t.test('§2 a command that fails with ≤ 4000 bytes of output never PUTs; DONE carries the failure and stdout_prefix', async (t) => {

@@ -1,26 +1,54 @@
 /**
- * A stand-in for a legacy backend whose `GET /token` answer a test chooses (a `service` URL the
- * gateway must refuse, a 404) and that records every request it gets. Everything else is 404.
- * For behaviour the real legacy execserver cannot be made to show; the rest of the gateway tests
- * use legacy/execserver/.
+ * A stand-in for a legacy backend whose `GET /token` answers a test chooses, and times (a
+ * `service` URL the gateway must refuse, an answer held back until the test releases it). It
+ * records every request. `PUT /job` answers an ok receipt; everything else is 404. It is for
+ * behaviour the real legacy execserver cannot be made to show; the rest of the gateway tests use
+ * legacy/execserver/.
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { okReceipt } from '../../src/protocol/job.js';
+
+export interface FakeRequest {
+  method: string;
+  url: string;
+  /** The `job` query of a PUT, parsed. */
+  job?: { service?: string; commands?: unknown[]; token?: string };
+}
+
+export interface TokenAnswer {
+  status: number;
+  body: unknown;
+}
 
 export interface FakeBackend {
   url: string;
-  requests: { method: string; url: string }[];
+  requests: FakeRequest[];
   close(): Promise<void>;
 }
 
-export async function startFakeBackend(tokenAnswer: () => { status: number; body: unknown }): Promise<FakeBackend> {
-  const requests: { method: string; url: string }[] = [];
+/** `tokenAnswer` may return a promise: the answer goes out when it resolves. */
+export async function startFakeBackend(tokenAnswer: (service: string) => TokenAnswer | Promise<TokenAnswer>): Promise<FakeBackend> {
+  const requests: FakeRequest[] = [];
   const server = http.createServer((req, res) => {
-    requests.push({ method: req.method ?? '', url: req.url ?? '' });
+    const url = new URL(req.url ?? '/', 'http://x');
+    const entry: FakeRequest = { method: req.method ?? '', url: req.url ?? '' };
+    requests.push(entry);
     req.resume();
-    const answer = /^\/token\//.test(req.url ?? '') ? tokenAnswer() : { status: 404, body: { Error: 'Not found', Status: 404 } };
-    const text = JSON.stringify(answer.body);
-    res.writeHead(answer.status, { 'content-type': 'application/json', connection: 'close' }).end(text);
+    const send = (a: TokenAnswer): void => {
+      res.writeHead(a.status, { 'content-type': 'application/json', connection: 'close' }).end(JSON.stringify(a.body));
+    };
+    const token = /^\/token\/(.+)$/.exec(url.pathname);
+    if (token) {
+      void Promise.resolve(tokenAnswer(decodeURIComponent(token[1] as string))).then(send);
+      return;
+    }
+    if (req.method === 'PUT' && url.pathname.startsWith('/job/')) {
+      entry.job = JSON.parse(url.searchParams.get('job') ?? '{}') as FakeRequest['job'];
+      send({ status: 200, body: okReceipt(0) });
+      return;
+    }
+    send({ status: 404, body: { Error: 'Not found', Status: 404 } });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', () => resolve()));
   const { port } = server.address() as AddressInfo;

@@ -75,6 +75,13 @@ t.test('unknown services, /healthz and other paths', async (t) => {
   const missing = await call('PUT', `${gw.url}/job/echo`);
   t.equal(missing.status, 400);
   t.equal(allRequests(a), 0, 'none of this reached the backend');
+  // A probe of /job/{service} is answered as the old execserver answers it.
+  const probe = await call('GET', `${gw.url}/job/echo`);
+  const direct = await call('GET', `${a.url}/job/echo`);
+  t.equal(probe.status, direct.status);
+  t.same(probe.json(), direct.json());
+  t.equal(a.counters.requests.other[404], 2, 'the probe was passed through');
+  t.equal((await call('GET', `${gw.url}/job/nope`)).status, 404);
 });
 
 t.test('GET /token answers 503 with Retry-After: 1 while broker wants of the waitgroup are parked', async (t) => {
