@@ -15,6 +15,12 @@ export interface RunningServe {
 
 export async function startServe(config: ServeConfig): Promise<RunningServe> {
   if (config.backends.length > 0) {
+    if (config.gateway.secret === '') {
+      // Works for one replica; several behind a balancer would refuse each other's tokens.
+      process.stderr.write(
+        `${JSON.stringify({ level: 'warn', msg: 'gateway.secret is empty: a random one is used, so legacy tokens only verify on this replica; set the same gateway.secret on every replica' })}\n`,
+      );
+    }
     const { createGateway } = await import('./gateway/gateway.js');
     const server = await createGateway({ config });
     const url = await server.listen();

@@ -11,7 +11,7 @@ import { WebSocket, WebSocketServer } from 'ws';
 import { parseServeConfig } from '../../src/config/load-config.js';
 import type { ExecserverClientConfig, ServeConfig } from '../../src/config/types.js';
 import { createExecserver, type Execserver } from '../../src/execserver/server.js';
-import type { ExecClient, ExecClientObserver } from '../../src/fylr/exec-client.js';
+import type { ExecClientObserver } from '../../src/fylr/exec-client.js';
 import { PipeServer } from '../../src/fylr/pipe-server.js';
 import type { Clock } from '../../src/clock.js';
 import type { ExecMessage, FylrMessage, HelloMessage } from '../../src/protocol/messages.js';
@@ -93,11 +93,6 @@ export async function waitFor(cond: () => boolean, what: string, timeoutMs = 10_
     if (Date.now() > deadline) throw new Error(`timed out waiting for: ${what}`);
     await new Promise((r) => setTimeout(r, 5));
   }
-}
-
-/** Resolves at the client's next change for which `cond()` holds (now included). */
-export function untilClient(client: ExecClient, cond: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
-  return waitFor(cond, what, timeoutMs);
 }
 
 export type RecordedEvent =
