@@ -61,6 +61,7 @@ export class FloorServer {
   }
 
   #connection(ws: WebSocket): void {
+    this.#send(ws, { type: 'HELLO', protocol: 1, instance_id: 'floor', name: 'floor', services: { noop: 'wg' }, waitgroups: {}, clients: 0, draining: false });
     ws.on('message', (data) => {
       this.framesIn++;
       const msg = JSON.parse(String(data)) as { type: string; job_id: string; token?: string };

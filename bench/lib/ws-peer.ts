@@ -39,8 +39,10 @@ export class BrokerPeer {
     const peer = new BrokerPeer(ws, handlers);
     await new Promise<void>((resolve, reject) => {
       ws.once('error', reject);
+      const giveUp = setTimeout(() => reject(new Error(`no HELLO from ${baseUrl}/broker within 10 s`)), 10_000);
       const check = (): void => {
         if (peer.hello) {
+          clearTimeout(giveUp);
           ws.off('error', reject);
           ws.on('error', () => undefined);
           resolve();

@@ -47,6 +47,9 @@ export const HELLO_MIN_INTERVAL_MS = 100;
 /** A peer silent for this many ping intervals is half-open: terminated (PROTOCOL.md §1). */
 export const PING_MISSES_ALLOWED = 2;
 
+/** How many UNWANT-withdrawn offers a connection remembers for a late DECLINE. */
+export const MAX_REMEMBERED_WITHDRAWALS = 1024;
+
 export class BrokerConnection {
   readonly id: ConnectionId;
   readonly transport: BrokerTransport;
@@ -76,6 +79,33 @@ export class BrokerConnection {
     this.connectedAt = now;
     this.lastSeenAt = now;
     this.nextPingAt = now + pingIntervalMs;
+  }
+
+  /**
+   * Tokens of offers an UNWANT withdrew, by job_id. A fylr that raced an OFFER against its own
+   * UNWANT DECLINEs that offer once it arrives (the UNWANT already freed the slot); such a DECLINE
+   * is acknowledged silently instead of counting as a refused frame. Bounded, oldest dropped.
+   */
+  readonly #withdrawnByUnwant = new Map<string, string>();
+
+  rememberWithdrawn(jobId: string, token: string): void {
+    this.#withdrawnByUnwant.delete(jobId);
+    this.#withdrawnByUnwant.set(jobId, token);
+    if (this.#withdrawnByUnwant.size > MAX_REMEMBERED_WITHDRAWALS) {
+      const oldest = this.#withdrawnByUnwant.keys().next().value as string;
+      this.#withdrawnByUnwant.delete(oldest);
+    }
+  }
+
+  /** True (and forgotten) when this DECLINE answers an offer that an UNWANT already withdrew. */
+  takeWithdrawn(jobId: string, token: string): boolean {
+    if (this.#withdrawnByUnwant.get(jobId) !== token) return false;
+    this.#withdrawnByUnwant.delete(jobId);
+    return true;
+  }
+
+  forgetWithdrawn(jobId: string): void {
+    this.#withdrawnByUnwant.delete(jobId);
   }
 
   send(text: string): void {

@@ -239,7 +239,10 @@ export class Broker {
         return this.#job(conn, msg);
       case 'DECLINE': {
         const offer = conn.offers.get(msg.job_id);
-        if (!offer || offer.token !== msg.token) return this.#refuse(conn, 'no_offer', 'no live offer with this token', msg.job_id);
+        if (!offer || offer.token !== msg.token) {
+          if (conn.takeWithdrawn(msg.job_id, msg.token)) return;
+          return this.#refuse(conn, 'no_offer', 'no live offer with this token', msg.job_id);
+        }
         return this.#endOffer(conn, offer, 'declined');
       }
       case 'CANCEL': {
@@ -275,6 +278,7 @@ export class Broker {
       return this.#refuse(conn, 'too_many_wants', `over max_wants_per_connection (${max} parked or offered)`, msg.job_id);
     }
     const want: Want = { jobId: msg.job_id, connId: conn.id, service: msg.service, waitgroup, priority: msg.priority };
+    conn.forgetWithdrawn(msg.job_id);
     this.book.park(want);
     const bySvc = this.#parkedByService.get(waitgroup) ?? new Map<string, number>();
     this.#parkedByService.set(waitgroup, bySvc);
@@ -292,7 +296,10 @@ export class Broker {
       return;
     }
     const offer = conn.offers.get(jobId);
-    if (offer) return this.#endOffer(conn, offer, 'withdrawn');
+    if (offer) {
+      conn.rememberWithdrawn(jobId, offer.token);
+      return this.#endOffer(conn, offer, 'withdrawn');
+    }
     const hint = conn.running.has(jobId) ? ' (it is running: stop it with CANCEL)' : '';
     this.#refuse(conn, 'unknown_job', `no parked want or offer with this job_id${hint}`, jobId);
   }

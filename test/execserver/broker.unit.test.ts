@@ -594,3 +594,36 @@ t.test('runningByPriority counts broker jobs by the priority of their WANT, the 
   void source.run(legacy, echoJob, { signal: new AbortController().signal });
   t.same([...broker.runningByPriority('main')].sort(), [['-1', 1], ['5', 1], ['legacy', 1]]);
 });
+
+t.test('a DECLINE that answers an offer its own UNWANT already withdrew is acknowledged silently', async (t) => {
+  const { connect } = setup({ processes: 1 });
+  const a = connect();
+  a.want('a1');
+  const offer = a.offer('a1')!;
+  a.work();
+  // The fylr's UNWANT crossed the OFFER on the wire; when the OFFER arrives it DECLINEs it.
+  a.send({ type: 'UNWANT', job_id: 'a1' });
+  a.send({ type: 'DECLINE', job_id: 'a1', token: offer.token });
+  t.same(a.work().map(label), [], 'no ERROR no_offer: the race is not a refusal');
+  a.send({ type: 'DECLINE', job_id: 'a1', token: offer.token });
+  t.same(a.work().map(label), ['ERROR:no_offer(a1)'], 'only once: a second DECLINE is refused');
+  a.want('a2');
+  const o2 = a.offer('a2')!;
+  a.send({ type: 'UNWANT', job_id: 'a2' });
+  a.send({ type: 'DECLINE', job_id: 'a2', token: 'forged-token' });
+  t.same(a.work().map(label).filter((l) => l.startsWith('ERROR')), ['ERROR:no_offer(a2)'], 'a DECLINE with another token is still refused');
+  t.not(o2.token, 'forged-token');
+});
+
+t.test('200 UNWANT/DECLINE races in 10 s do not close the connection', async (t) => {
+  const { connect } = setup({ processes: 1 });
+  const a = connect();
+  for (let i = 0; i < 200; i++) {
+    a.want(`j${i}`);
+    const o = a.offer(`j${i}`)!;
+    a.send({ type: 'UNWANT', job_id: `j${i}` });
+    a.send({ type: 'DECLINE', job_id: `j${i}`, token: o.token });
+  }
+  t.notOk(a.closed, 'still open');
+  t.equal(a.of('ERROR').length, 0, 'no refusals');
+});

@@ -1,0 +1,130 @@
+/**
+ * Throughput: no-op jobs per second end to end on loopback, for 1, 10 and 100 client connections.
+ *
+ * Broker (native execserver, and the bare-ws floor) in the bench host, 64 slots; peers in this
+ * process, each keeping ceil(256 / connections) jobs outstanding (WANT; on OFFER at once JOB with
+ * no commands; on DONE a new WANT), so there are always more wants than slots and every freed slot
+ * goes straight to a parked want. Four frames per job.
+ *
+ * Polling (legacy execserver in the bench host, 64 slots; old clients in this process): as many
+ * concurrent old clients as connections, each looping acquireAndRun (GET /token, PUT /job, one
+ * TCP connection per request as the old client did; a 503 sleeps until the next 1 s tick).
+ *
+ * jobs/s = jobs started at the server during the window / window, after a warm-up.
+ */
+import { setMaxListeners } from 'node:events';
+import { systemClock } from '../../src/clock.js';
+import { LegacyCounters } from '../../legacy/fylr/counters.js';
+import { acquireAndRun } from '../../legacy/fylr/polling-client.js';
+import { type RawServeConfig, singleGroup } from '../lib/configs.js';
+import { BenchHost, type HostedServer } from '../lib/host-client.js';
+import { type BenchOptions, dur } from '../lib/options.js';
+import { median, sleep } from '../lib/stats.js';
+import { type BrokerPeer, closePeers, connectPeers } from '../lib/ws-peer.js';
+
+export const THROUGHPUT_CONNECTIONS = [1, 10, 100] as const;
+export const THROUGHPUT_SLOTS = 64;
+export const THROUGHPUT_OUTSTANDING = 256;
+
+export interface ThroughputPoint {
+  transport: 'broker' | 'floor' | 'polling' | 'gateway' | 'polling-direct';
+  connections: number;
+  outstanding_per_connection: number;
+  reps: number[];
+  jobs_per_sec: number;
+}
+
+export interface ThroughputResult {
+  slots: number;
+  points: ThroughputPoint[];
+}
+
+/** jobs/s over a window, from the server's own job count. */
+async function measure(host: BenchHost, server: HostedServer, o: BenchOptions): Promise<number[]> {
+  await sleep(dur(o, 600, 300));
+  const reps: number[] = [];
+  for (let r = 0; r < o.reps; r++) {
+    const a = await host.counters(server);
+    const t0 = performance.now();
+    await sleep(dur(o, 1500, 600));
+    const b = await host.counters(server);
+    reps.push(((b.jobs - a.jobs) * 1000) / (performance.now() - t0));
+  }
+  return reps;
+}
+
+/** Peers that keep `outstanding` no-op jobs each in flight until stopped. */
+export async function startPumpingPeers(url: string, connections: number, outstanding: number): Promise<{ peers: BrokerPeer[]; stop(): Promise<void> }> {
+  let running = true;
+  const peers = await connectPeers(url, connections, {
+    onDone: (p) => {
+      if (running) p.want('noop');
+    },
+  });
+  for (const p of peers) for (let i = 0; i < outstanding; i++) p.want('noop');
+  return {
+    peers,
+    async stop() {
+      running = false;
+      await closePeers(peers);
+    },
+  };
+}
+
+export async function brokerPoint(host: BenchHost, kind: 'native' | 'floor' | 'gateway', config: RawServeConfig, connections: number, o: BenchOptions, transport: ThroughputPoint['transport']): Promise<ThroughputPoint> {
+  const server = await host.start(kind, config);
+  const outstanding = Math.max(1, Math.ceil(THROUGHPUT_OUTSTANDING / connections));
+  const pumping = await startPumpingPeers(server.url, connections, outstanding);
+  const reps = await measure(host, server, o);
+  await pumping.stop();
+  const errors = pumping.peers.reduce((n, p) => n + p.errors, 0);
+  await host.stopServer(server);
+  const point: ThroughputPoint = { transport, connections, outstanding_per_connection: outstanding, reps, jobs_per_sec: median(reps) };
+  o.log(`throughput ${transport} ${connections} conn: ${Math.round(point.jobs_per_sec)} jobs/s${errors ? ` (${errors} ERROR frames: ${pumping.peers.find((p) => p.errors)?.lastError})` : ''}`);
+  return point;
+}
+
+/** `clients` old clients looping acquireAndRun against `addresses` until stopped. */
+export function startPollingClients(addresses: string[], clients: number, service = 'noop'): { counters: LegacyCounters; stop(): Promise<void> } {
+  const counters = new LegacyCounters();
+  const abort = new AbortController();
+  setMaxListeners(0, abort.signal);
+  const loops = Array.from({ length: clients }, async () => {
+    while (!abort.signal.aborted) {
+      await acquireAndRun({ service, commands: [] }, { addresses, connectTimeoutSec: 3600, clock: systemClock, counters, signal: abort.signal });
+    }
+  });
+  return {
+    counters,
+    async stop() {
+      abort.abort();
+      await Promise.allSettled(loops);
+    },
+  };
+}
+
+export async function pollingPoint(host: BenchHost, connections: number, o: BenchOptions): Promise<ThroughputPoint> {
+  const server = await host.start('legacy', singleGroup('tp-legacy', THROUGHPUT_SLOTS));
+  const clients = startPollingClients([server.url], connections);
+  const reps = await measure(host, server, o);
+  await clients.stop();
+  await host.stopServer(server);
+  const point: ThroughputPoint = { transport: 'polling', connections, outstanding_per_connection: 1, reps, jobs_per_sec: median(reps) };
+  o.log(`throughput polling ${connections} clients: ${Math.round(point.jobs_per_sec)} jobs/s`);
+  return point;
+}
+
+export async function runThroughput(o: BenchOptions): Promise<ThroughputResult> {
+  const host = await BenchHost.start();
+  const points: ThroughputPoint[] = [];
+  try {
+    for (const c of THROUGHPUT_CONNECTIONS) {
+      points.push(await pollingPoint(host, c, o));
+      points.push(await brokerPoint(host, 'native', singleGroup('tp-native', THROUGHPUT_SLOTS), c, o, 'broker'));
+      points.push(await brokerPoint(host, 'floor', singleGroup('tp-floor', THROUGHPUT_SLOTS), c, o, 'floor'));
+    }
+  } finally {
+    await host.close();
+  }
+  return { slots: THROUGHPUT_SLOTS, points };
+}
