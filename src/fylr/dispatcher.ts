@@ -57,6 +57,7 @@ export type DispatchAcquireResult = { kind: 'slot'; lease: DispatchLease } | { k
 export interface DispatchClient extends ExecAdmissionSource {
   acquire(req: { jobId: string; service: string; priority: number; timeoutSec?: number }, signal?: AbortSignal): Promise<DispatchAcquireResult>;
   onChange(listener: () => void): void;
+  offChange?(listener: () => void): void;
 }
 
 export interface DispatcherLog {
@@ -210,9 +211,7 @@ export class Dispatcher extends EventEmitter {
   start(): void {
     if (this.#started) return;
     this.#started = true;
-    this.#o.client.onChange(() => {
-      if (!this.#stopped) this.wake();
-    });
+    this.#o.client.onChange(this.#onClientChange);
     this.#keeper.start();
     this.#stopPoll = every(this.#clock, this.#pollIntervalMs, () => this.#poll());
     this.#poll();
@@ -221,6 +220,11 @@ export class Dispatcher extends EventEmitter {
   get stopped(): boolean {
     return this.#stopped;
   }
+
+  /** Admission may have changed (HELLO, a connection came or went): claim what it allows now. */
+  readonly #onClientChange = (): void => {
+    if (!this.#stopped) this.wake();
+  };
 
   /** Polls now (coalesced with a poll in flight). */
   wake(): void {
@@ -232,6 +236,7 @@ export class Dispatcher extends EventEmitter {
     this.#stopping ??= (async () => {
       this.#stopped = true;
       this.#stopPoll?.();
+      this.#o.client.offChange?.(this.#onClientChange);
       for (const c of this.#carried.values()) if (c.phase === 'waiting') c.abort.abort();
       await this.#pollDone;
       while (this.#tasks.size > 0) await Promise.all([...this.#tasks]);
