@@ -5,7 +5,7 @@
 import { type ChildProcess, fork } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import type { RawServeConfig } from './configs.js';
-import type { HostCounters, HostKind } from './host.js';
+import type { HostCounters, HostKind, HostStatus } from './host.js';
 
 const HOST = fileURLToPath(new URL('./host.ts', import.meta.url));
 
@@ -78,6 +78,10 @@ export class BenchHost {
   /** The samples so far; with `reset`, starts a new series (recording when reset is true). */
   handoffs(server: HostedServer, reset?: boolean): Promise<number[]> {
     return this.#call({ op: 'handoffs', server: server.id, ...(reset === undefined ? {} : { reset }) });
+  }
+
+  status(server: HostedServer): Promise<HostStatus> {
+    return this.#call({ op: 'status', server: server.id });
   }
 
   stopServer(server: HostedServer): Promise<void> {

@@ -18,6 +18,7 @@ import type { Server } from 'node:http';
 import { parseServeConfig } from '../../src/config/load-config.js';
 import type { ServeConfig } from '../../src/config/types.js';
 import { createExecserver } from '../../src/execserver/server.js';
+import { createGateway } from '../../src/gateway/gateway.js';
 import { LocalSlotSource } from '../../src/slots/local-slot-source.js';
 import { systemClock } from '../../src/clock.js';
 import type { WebSocket, WebSocketServer } from 'ws';
@@ -33,12 +34,22 @@ export interface HostCounters {
   frames_out: number;
   /** Jobs that started (native/floor: run() calls; legacy: redeemed PUTs; gateway: its broker's jobs). */
   jobs: number;
+  /** Legacy execserver only: jobs without commands (a gateway giving a token back; no-op jobs). */
+  empty_jobs: number;
   /** Legacy execserver only: its own per-route response counters. */
   legacy?: unknown;
 }
 
+export interface HostStatus {
+  /** Parked wants over all waitgroups (broker servers). */
+  parked: number;
+  running: number;
+  connections: number;
+}
+
 interface Hosted {
   url: string;
+  status?(): HostStatus;
   counters(): HostCounters;
   handoffs(reset: boolean | undefined): number[];
   close(): Promise<void>;
@@ -49,6 +60,8 @@ interface Counts {
   upgrades: number;
   framesIn: number;
   framesOut: number;
+  /** DONE frames sent: jobs finished through the broker. */
+  dones: number;
 }
 
 function countHttp(server: Server, c: Counts): void {
@@ -62,6 +75,7 @@ function countFrames(wss: WebSocketServer, c: Counts): void {
     const send = ws.send.bind(ws) as (...a: unknown[]) => void;
     (ws as unknown as { send: (...a: unknown[]) => void }).send = (...a: unknown[]) => {
       c.framesOut++;
+      if (typeof a[0] === 'string' && a[0].startsWith('{"type":"DONE"')) c.dones++;
       send(...a);
     };
   });
@@ -70,21 +84,28 @@ function countFrames(wss: WebSocketServer, c: Counts): void {
 async function startNative(config: ServeConfig, holdMs: number): Promise<Hosted> {
   const timing = new TimingSource(new LocalSlotSource(config, systemClock), holdMs);
   const server = await createExecserver({ config, source: timing });
-  const c: Counts = { http: 0, upgrades: 0, framesIn: 0, framesOut: 0 };
+  const c: Counts = { http: 0, upgrades: 0, framesIn: 0, framesOut: 0, dones: 0 };
   countHttp(server.app.server, c);
   // The ws server exists once the plugin is registered (createExecserver awaited it).
   countFrames((server.app as unknown as { websocketServer: WebSocketServer }).websocketServer, c);
   const url = await server.listen();
   return {
     url,
-    counters: () => ({ http_requests: c.http, ws_upgrades: c.upgrades, frames_in: c.framesIn, frames_out: c.framesOut, jobs: timing.jobsRun }),
+    counters: () => ({ http_requests: c.http, ws_upgrades: c.upgrades, frames_in: c.framesIn, frames_out: c.framesOut, jobs: timing.jobsRun, empty_jobs: 0 }),
     handoffs(reset) {
       const out = [...timing.samplesMs];
       if (reset !== undefined) timing.reset(reset);
       return out;
     },
+    status: () => brokerStatus(server.broker),
     close: () => server.close(),
   };
+}
+
+function brokerStatus(broker: { status(): { waitgroups: Record<string, { parked: number; running: number }>; connections: unknown[] } }): HostStatus {
+  const st = broker.status();
+  const wgs = Object.values(st.waitgroups);
+  return { parked: wgs.reduce((n, w) => n + w.parked, 0), running: wgs.reduce((n, w) => n + w.running, 0), connections: st.connections.length };
 }
 
 async function startLegacy(config: ServeConfig): Promise<Hosted> {
@@ -102,6 +123,7 @@ async function startLegacy(config: ServeConfig): Promise<Hosted> {
         frames_in: 0,
         frames_out: 0,
         jobs: Object.values(k.jobs).reduce((a, b) => a + b, 0),
+        empty_jobs: Object.values(k.emptyJobs).reduce((a, b) => a + b, 0),
         legacy: { requests: k.requests, tokensIssued: k.tokensIssued, tokensExpired: k.tokensExpired },
       };
     },
@@ -111,28 +133,17 @@ async function startLegacy(config: ServeConfig): Promise<Hosted> {
 }
 
 async function startGateway(config: ServeConfig): Promise<Hosted> {
-  const mod = (await import('../../src/gateway/gateway.js' as string)) as {
-    createGateway(opts: { config: ServeConfig }): Promise<{
-      app: { server: Server; websocketServer?: WebSocketServer };
-      broker: { status(): { connections: unknown[] } };
-      listen(): Promise<string>;
-      close(): Promise<void>;
-    }>;
-  };
-  const server = await mod.createGateway({ config });
-  const c: Counts = { http: 0, upgrades: 0, framesIn: 0, framesOut: 0 };
+  const server = await createGateway({ config });
+  const c: Counts = { http: 0, upgrades: 0, framesIn: 0, framesOut: 0, dones: 0 };
   countHttp(server.app.server, c);
-  if (server.app.websocketServer) countFrames(server.app.websocketServer, c);
-  let jobs = 0;
+  countFrames((server.app as unknown as { websocketServer: WebSocketServer }).websocketServer, c);
   const url = await server.listen();
   return {
     url,
-    counters: () => ({ http_requests: c.http, ws_upgrades: c.upgrades, frames_in: c.framesIn, frames_out: c.framesOut, jobs }),
+    counters: () => ({ http_requests: c.http, ws_upgrades: c.upgrades, frames_in: c.framesIn, frames_out: c.framesOut, jobs: c.dones, empty_jobs: 0 }),
     handoffs: () => [],
-    close: async () => {
-      jobs = 0;
-      await server.close();
-    },
+    status: () => brokerStatus(server.broker),
+    close: () => server.close(),
   };
 }
 
@@ -141,7 +152,7 @@ async function startFloor(config: ServeConfig, holdMs: number): Promise<Hosted> 
   const { server, url } = await FloorServer.start(processes, holdMs);
   return {
     url,
-    counters: () => ({ http_requests: 0, ws_upgrades: 0, frames_in: server.framesIn, frames_out: server.framesOut, jobs: server.jobsRun }),
+    counters: () => ({ http_requests: 0, ws_upgrades: 0, frames_in: server.framesIn, frames_out: server.framesOut, jobs: server.jobsRun, empty_jobs: 0 }),
     handoffs(reset) {
       const out = [...server.samplesMs];
       if (reset !== undefined) server.reset(reset);
@@ -156,7 +167,7 @@ let nextId = 1;
 
 interface Request {
   id: number;
-  op: 'start' | 'counters' | 'handoffs' | 'stop' | 'memory';
+  op: 'start' | 'counters' | 'handoffs' | 'status' | 'stop' | 'memory';
   kind?: HostKind;
   config?: unknown;
   holdMs?: number;
@@ -188,6 +199,11 @@ async function handle(req: Request): Promise<unknown> {
       return hosted(req.server).counters();
     case 'handoffs':
       return hosted(req.server).handoffs(req.reset);
+    case 'status': {
+      const s = hosted(req.server);
+      if (!s.status) throw new Error('this server has no broker status');
+      return s.status();
+    }
     case 'stop': {
       const s = hosted(req.server);
       servers.delete(req.server as number);

@@ -97,16 +97,16 @@ async function brokerPoint(host: BenchHost, waiting: number, addresses: number, 
     holder.want('sleep');
   }
   await sleep(100);
-  // Then every waiting job parks one want at each execserver; offers, if any, would be refused
-  // work: the peers leave them unanswered (there are none: the slot stays busy).
+  // Then every waiting job parks one want at each execserver, over the other peers.
   for (let j = 0; j < waiting; j++) {
-    for (let a = 0; a < addresses; a++) {
-      const p = peers[a]![j % PEERS_PER_ADDRESS]!;
-      if (j % PEERS_PER_ADDRESS === 0) p.handlers = { onOffer: (q, jobId, token) => (jobId.endsWith('-1') ? q.accept(jobId, token, SLEEP_JOB('sleep')) : undefined) };
-      p.want('noop', 0, `job-${j}-a${a}`);
-    }
+    for (let a = 0; a < addresses; a++) peers[a]![1 + (j % (PEERS_PER_ADDRESS - 1))]!.want('noop', 0, `job-${j}-a${a}`);
   }
+  await sleep(100);
+  let parked = 0;
+  for (const s of servers) parked += (await host.status(s)).parked;
   const reps = await measure(host, servers, o);
+  const errors = peers.flat().reduce((n, p) => n + p.errors, 0);
+  if (parked !== waiting * addresses || errors > 0) o.log(`idle broker: ${parked} wants parked of ${waiting * addresses}, ${errors} ERROR frames`);
   for (const ps of peers) await closePeers(ps);
   for (const s of servers) await host.stopServer(s);
   const point: IdlePoint = { transport: 'broker', waiting, addresses, reps, requests_per_sec: median(reps), expected_per_sec: 0 };

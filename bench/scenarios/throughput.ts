@@ -16,7 +16,7 @@ import { setMaxListeners } from 'node:events';
 import { systemClock } from '../../src/clock.js';
 import { LegacyCounters } from '../../legacy/fylr/counters.js';
 import { acquireAndRun } from '../../legacy/fylr/polling-client.js';
-import { type RawServeConfig, singleGroup } from '../lib/configs.js';
+import { gatewayFor, type RawServeConfig, singleGroup } from '../lib/configs.js';
 import { BenchHost, type HostedServer } from '../lib/host-client.js';
 import { type BenchOptions, dur } from '../lib/options.js';
 import { median, sleep } from '../lib/stats.js';
@@ -32,23 +32,62 @@ export interface ThroughputPoint {
   outstanding_per_connection: number;
   reps: number[];
   jobs_per_sec: number;
+  /** Requests at the legacy backend per job (polling: the legacy server itself; gateway: behind it). */
+  backend_requests_per_job: number | null;
+}
+
+function point(transport: ThroughputPoint['transport'], connections: number, outstanding: number, w: Window[]): ThroughputPoint {
+  const rq = w.map((x) => x.backendRequestsPerJob).filter((x): x is number => x !== null);
+  return {
+    transport,
+    connections,
+    outstanding_per_connection: outstanding,
+    reps: w.map((x) => x.jobsPerSec),
+    jobs_per_sec: median(w.map((x) => x.jobsPerSec)),
+    backend_requests_per_job: rq.length > 0 ? median(rq) : null,
+  };
 }
 
 export interface ThroughputResult {
   slots: number;
   points: ThroughputPoint[];
+  /** Set when the gateway points could not run (the component failed). */
+  gateway_error: string | null;
 }
 
-/** jobs/s over a window, from the server's own job count. */
-async function measure(host: BenchHost, server: HostedServer, o: BenchOptions): Promise<number[]> {
+/** A gateway (in `host`) in front of a legacy execserver of THROUGHPUT_SLOTS slots (in `backendHost`). */
+export async function gatewayPoint(host: BenchHost, backendHost: BenchHost, connections: number, o: BenchOptions): Promise<ThroughputPoint> {
+  const like = singleGroup('tp-backend', THROUGHPUT_SLOTS);
+  const backend = await backendHost.start('legacy', like);
+  try {
+    return await brokerPoint(host, 'gateway', gatewayFor(like, [backend.url]), connections, o, 'gateway', { host: backendHost, server: backend });
+  } finally {
+    await backendHost.stopServer(backend);
+  }
+}
+
+export interface Window {
+  jobsPerSec: number;
+  /** HTTP requests at `backend` per job finished at `server` (polling and gateway points). */
+  backendRequestsPerJob: number | null;
+}
+
+/** jobs/s over windows, from the server's own job count; optionally the backend's requests per job. */
+export async function measureJobs(host: BenchHost, server: HostedServer, o: BenchOptions, backend?: { host: BenchHost; server: HostedServer }): Promise<Window[]> {
   await sleep(dur(o, 600, 300));
-  const reps: number[] = [];
+  const reps: Window[] = [];
   for (let r = 0; r < o.reps; r++) {
     const a = await host.counters(server);
+    const ba = backend ? await backend.host.counters(backend.server) : undefined;
     const t0 = performance.now();
     await sleep(dur(o, 1500, 600));
     const b = await host.counters(server);
-    reps.push(((b.jobs - a.jobs) * 1000) / (performance.now() - t0));
+    const bb = backend ? await backend.host.counters(backend.server) : undefined;
+    const jobs = b.jobs - a.jobs;
+    reps.push({
+      jobsPerSec: (jobs * 1000) / (performance.now() - t0),
+      backendRequestsPerJob: ba && bb && jobs > 0 ? (bb.http_requests - ba.http_requests) / jobs : null,
+    });
   }
   return reps;
 }
@@ -71,17 +110,26 @@ export async function startPumpingPeers(url: string, connections: number, outsta
   };
 }
 
-export async function brokerPoint(host: BenchHost, kind: 'native' | 'floor' | 'gateway', config: RawServeConfig, connections: number, o: BenchOptions, transport: ThroughputPoint['transport']): Promise<ThroughputPoint> {
+export async function brokerPoint(
+  host: BenchHost,
+  kind: 'native' | 'floor' | 'gateway',
+  config: RawServeConfig,
+  connections: number,
+  o: BenchOptions,
+  transport: ThroughputPoint['transport'],
+  backend?: { host: BenchHost; server: HostedServer },
+): Promise<ThroughputPoint> {
   const server = await host.start(kind, config);
   const outstanding = Math.max(1, Math.ceil(THROUGHPUT_OUTSTANDING / connections));
   const pumping = await startPumpingPeers(server.url, connections, outstanding);
-  const reps = await measure(host, server, o);
+  const w = await measureJobs(host, server, o, backend);
   await pumping.stop();
   const errors = pumping.peers.reduce((n, p) => n + p.errors, 0);
   await host.stopServer(server);
-  const point: ThroughputPoint = { transport, connections, outstanding_per_connection: outstanding, reps, jobs_per_sec: median(reps) };
-  o.log(`throughput ${transport} ${connections} conn: ${Math.round(point.jobs_per_sec)} jobs/s${errors ? ` (${errors} ERROR frames: ${pumping.peers.find((p) => p.errors)?.lastError})` : ''}`);
-  return point;
+  const pt = point(transport, connections, outstanding, w);
+  const rq = pt.backend_requests_per_job === null ? '' : `, ${pt.backend_requests_per_job.toFixed(2)} backend requests/job`;
+  o.log(`throughput ${transport} ${connections} conn: ${Math.round(pt.jobs_per_sec)} jobs/s${rq}${errors ? ` (${errors} ERROR frames: ${pumping.peers.find((p) => p.errors)?.lastError})` : ''}`);
+  return pt;
 }
 
 /** `clients` old clients looping acquireAndRun against `addresses` until stopped. */
@@ -106,25 +154,36 @@ export function startPollingClients(addresses: string[], clients: number, servic
 export async function pollingPoint(host: BenchHost, connections: number, o: BenchOptions): Promise<ThroughputPoint> {
   const server = await host.start('legacy', singleGroup('tp-legacy', THROUGHPUT_SLOTS));
   const clients = startPollingClients([server.url], connections);
-  const reps = await measure(host, server, o);
+  const w = await measureJobs(host, server, o, { host, server });
   await clients.stop();
   await host.stopServer(server);
-  const point: ThroughputPoint = { transport: 'polling', connections, outstanding_per_connection: 1, reps, jobs_per_sec: median(reps) };
-  o.log(`throughput polling ${connections} clients: ${Math.round(point.jobs_per_sec)} jobs/s`);
-  return point;
+  const pt = point('polling', connections, 1, w);
+  o.log(`throughput polling ${connections} clients: ${Math.round(pt.jobs_per_sec)} jobs/s, ${pt.backend_requests_per_job?.toFixed(2)} requests/job`);
+  return pt;
 }
 
 export async function runThroughput(o: BenchOptions): Promise<ThroughputResult> {
   const host = await BenchHost.start();
+  const backendHost = await BenchHost.start();
   const points: ThroughputPoint[] = [];
+  let gatewayError: string | null = null;
   try {
     for (const c of THROUGHPUT_CONNECTIONS) {
       points.push(await pollingPoint(host, c, o));
       points.push(await brokerPoint(host, 'native', singleGroup('tp-native', THROUGHPUT_SLOTS), c, o, 'broker'));
       points.push(await brokerPoint(host, 'floor', singleGroup('tp-floor', THROUGHPUT_SLOTS), c, o, 'floor'));
+      if (gatewayError === null) {
+        try {
+          points.push(await gatewayPoint(host, backendHost, c, o));
+        } catch (e) {
+          gatewayError = (e as Error).message.split('\n')[0] ?? String(e);
+          o.log(`throughput gateway: ${gatewayError}`);
+        }
+      }
     }
   } finally {
     await host.close();
+    await backendHost.close();
   }
-  return { slots: THROUGHPUT_SLOTS, points };
+  return { slots: THROUGHPUT_SLOTS, points, gateway_error: gatewayError };
 }

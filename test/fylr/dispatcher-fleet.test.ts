@@ -21,7 +21,7 @@ async function fleet(t: Test, fylrs: number): Promise<void> {
   for (let i = 0; i < fylrs; i++) {
     const client = new ExecClient(execClientConfig([ex.url]), { name: `fylr${i}` });
     await client.start();
-    const d = new Dispatcher({ pool: db.newPool(5), client, name: `fylr${i}`, heartbeatIntervalMs: 200, staleAfterMs: 1000 });
+    const d = new Dispatcher({ pool: db.newPool(5), client, name: `fylr${i}`, heartbeatIntervalMs: 200, staleAfterMs: 3000 });
     t.teardown(async () => {
       await d.stop();
       await client.close();

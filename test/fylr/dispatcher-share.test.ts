@@ -20,7 +20,7 @@ interface Fylr {
 async function fylr(t: { teardown(fn: () => unknown): void }, url: string, pool: pg.Pool, name: string): Promise<Fylr> {
   const client = new ExecClient(execClientConfig([url]), { name });
   await client.start();
-  const d = new Dispatcher({ pool, client, name, heartbeatIntervalMs: 200, staleAfterMs: 1000 });
+  const d = new Dispatcher({ pool, client, name, heartbeatIntervalMs: 200, staleAfterMs: 3000 });
   let stopped: Promise<void> | undefined;
   const stop = (): Promise<void> =>
     (stopped ??= (async () => {
