@@ -14,7 +14,7 @@ import { usesBody } from '../protocol/job.js';
 import type { Broker } from './broker.js';
 import { ALL_WORKERS_BUSY, legacyError, TOKEN_NOT_FOUND, unknownServiceText } from './legacy-body.js';
 import { requestStdin, responseStdout, sendReceipt } from './legacy-job-io.js';
-import { parseLegacyJobQuery } from './legacy-job-query.js';
+import { legacyPutPrelude } from './legacy-put-prelude.js';
 import type { LegacyTokens } from './legacy-tokens.js';
 import type { ExecserverMetrics } from './metrics.js';
 
@@ -56,24 +56,15 @@ export async function localLegacyApi(app: FastifyInstance, opts: LocalLegacyApiO
   });
 
   app.put<{ Params: { service: string }; Querystring: Record<string, unknown> }>('/job/:service', async (req, reply) => {
-    const service = req.params.service;
-    const known = broker.waitgroupOf(service) !== undefined;
-    const count = (status: number) => metrics.legacyJobs.inc({ service: known ? service : '(unknown)', status: String(status) });
-    if (!known) {
-      count(404);
-      return legacyError(reply, 404, unknownServiceText(service));
-    }
-    const parsed = parseLegacyJobQuery(req.query, service);
-    if ('error' in parsed) {
-      count(400);
-      return legacyError(reply, 400, parsed.error);
-    }
-    const slot = tokens.redeem(parsed.job.token, service);
+    const put = legacyPutPrelude(req, reply, broker, metrics);
+    if (!put) return reply;
+    const { service, count } = put;
+    const slot = tokens.redeem(put.job.token, service);
     if (!slot) {
       count(400);
       return legacyError(reply, 400, TOKEN_NOT_FOUND);
     }
-    const job = { ...parsed.job };
+    const job = { ...put.job };
     delete job.token;
     const body = usesBody(job);
     const abort = new AbortController();

@@ -23,7 +23,7 @@ import type { ServerResponse } from 'node:http';
 import type { ServeConfig } from '../config/types.js';
 import type { Broker } from '../execserver/broker.js';
 import { ALL_WORKERS_BUSY, legacyError, TOKEN_NOT_FOUND, unknownServiceText } from '../execserver/legacy-body.js';
-import { parseLegacyJobQuery } from '../execserver/legacy-job-query.js';
+import { legacyPutPrelude } from '../execserver/legacy-put-prelude.js';
 import type { ExecserverMetrics } from '../execserver/metrics.js';
 import type { Backend } from './backend.js';
 import { jobPath } from './backend-client.js';
@@ -125,26 +125,17 @@ export function gatewayLegacyApi(opts: GatewayLegacyApiOptions): FastifyPluginAs
     });
 
     app.put<{ Params: { service: string }; Querystring: Record<string, unknown> }>('/job/:service', async (req, reply) => {
-      const service = req.params.service;
-      const waitgroup = broker.waitgroupOf(service);
-      const count = (status: number | string) => metrics.legacyJobs.inc({ service: waitgroup === undefined ? '(unknown)' : service, status: String(status) });
-      if (waitgroup === undefined) {
-        count(404);
-        return legacyError(reply, 404, unknownServiceText(service));
-      }
-      const parsed = parseLegacyJobQuery(req.query, service);
-      if ('error' in parsed) {
-        count(400);
-        return legacyError(reply, 400, parsed.error);
-      }
-      const claims = tokens.open(parsed.job.token);
+      const put = legacyPutPrelude(req, reply, broker, metrics);
+      if (!put) return reply;
+      const { service, waitgroup, count } = put;
+      const claims = tokens.open(put.job.token);
       const b = claims === null || claims.service !== service ? undefined : source.backendByUrl(claims.backend);
       const base = b === undefined || claims === null ? null : claims.target === undefined ? b.url : acceptServiceUrl(claims.target, b.url, urls);
       if (b === undefined || base === null || claims === null) {
         count(400);
         return legacyError(reply, 400, TOKEN_NOT_FOUND);
       }
-      const job = { ...parsed.job, token: claims.token };
+      const job = { ...put.job, token: claims.token };
       reply.hijack();
       const outcome = await proxy.forward(req.raw, reply.raw, base, jobPath(service, job), (err) => {
         rawLegacyError(reply.raw, 502, `backend ${base} unavailable: ${(err as NodeJS.ErrnoException).code ?? err.message}`);
