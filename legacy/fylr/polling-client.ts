@@ -19,6 +19,7 @@
  *
  * The new fylr's fallback transport reuses `acquireAndRun` for addresses without /broker.
  */
+import { type LegacyAddress, legacyErrorText, parseLegacyAddress, translateLegacyError } from '../../src/protocol/legacy-wire.js';
 import type { Readable, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { Agent, type Dispatcher, request } from 'undici';
@@ -34,22 +35,7 @@ export const TOKEN_REQUEST_TIMEOUT_MS = 10_000;
 /** No keep-alive: one connection per request, closed after it. */
 const legacyAgent = new Agent({ pipelining: 0, connect: { timeout: TOKEN_REQUEST_TIMEOUT_MS } });
 
-export interface LegacyAddress {
-  /** As configured (the counters' key). */
-  address: string;
-  /** Where `/token/...` and `/job/...` go: the address without a `/job/<service>` suffix. */
-  base: string;
-  /** A `/job/<service>` path limits the address to that service. */
-  onlyService: string | null;
-}
-
-/** `http://exec:8083` or `http://exec:8083/job/convert` (only for the service convert). */
-export function parseLegacyAddress(address: string): LegacyAddress {
-  const u = new URL(address);
-  const m = /^(.*)\/job\/([^/]+)\/?$/.exec(u.pathname);
-  const path = (m ? m[1]! : u.pathname).replace(/\/+$/, '');
-  return { address, base: `${u.origin}${path}`, onlyService: m ? decodeURIComponent(m[2]!) : null };
-}
+export { type LegacyAddress, parseLegacyAddress } from '../../src/protocol/legacy-wire.js';
 
 export interface AcquireOptions {
   addresses: readonly string[];
@@ -88,25 +74,9 @@ interface Grant {
 
 type RoundOutcome = { kind: 'grant'; grant: Grant } | { kind: 'busy' } | { kind: 'unknown'; addr: LegacyAddress; message: string };
 
-function errorText(body: string): string | null {
-  try {
-    const j: unknown = JSON.parse(body);
-    if (isPlainObject(j) && typeof j.Error === 'string') return j.Error;
-  } catch {
-    /* not JSON */
-  }
-  return null;
-}
-
-/** Translates a legacy error answer (`{"Error": "...", "Status": N}`) into a typed error, once, here. */
+/** Translates a legacy error answer (`{"Error": "...", "Status": N}`) into a typed error. */
 export function legacyError(status: number, body: string): SlotgateError {
-  const text = errorText(body);
-  if (text === 'Token not found') return new SlotgateError('token_not_found', 'Token not found (the PUT reached an instance that did not issue the token, or it expired)');
-  if (text === 'All workers busy') return new SlotgateError('all_workers_busy', 'All workers busy');
-  if (text !== null && /^Unknown service/.test(text)) return new SlotgateError('unknown_service', text);
-  const detail = text ?? body.slice(0, 200);
-  if (status === 400) return new SlotgateError('bad_request', `execserver refused the request: ${detail}`);
-  return new SlotgateError('backend_failed', `execserver answered ${status}: ${detail}`);
+  return translateLegacyError(status, body, 'execserver');
 }
 
 function isReceipt(v: unknown): v is Receipt {
@@ -188,7 +158,7 @@ function tokenRound(addrs: readonly LegacyAddress[], service: string, opts: Acqu
           }
         } else if (status === 404) {
           if (opts.onUnknownService === 'skip-address') skipped.add(addr);
-          else decide({ kind: 'unknown', addr, message: errorText(text) ?? `Unknown service ${JSON.stringify(service)}` });
+          else decide({ kind: 'unknown', addr, message: legacyErrorText(text) ?? `Unknown service ${JSON.stringify(service)}` });
         }
         settled();
       })();

@@ -3,7 +3,7 @@
  * (`http://lb/exec`), and optionally a `/job/<service>` suffix that limits the address to that
  * one service (the old per-address service filter). The broker lives at `<base>/broker`.
  */
-import { parseLegacyAddress } from '../../legacy/fylr/polling-client.js';
+import { parseLegacyAddress } from '../protocol/legacy-wire.js';
 
 export interface ExecAddress {
   /** As configured: the key in status and logs. */

@@ -17,7 +17,7 @@ import { Agent, type Dispatcher, request } from 'undici';
 import { type Clock } from '../clock.js';
 import { LEGACY_TOKEN_TTL_MS } from '../config/types.js';
 import { isPlainObject, type JobSpec, okReceipt, type Receipt, failedReceipt, usesBody } from '../protocol/job.js';
-import { legacyError } from '../../legacy/fylr/polling-client.js';
+import { translateLegacyError as legacyError } from '../protocol/legacy-wire.js';
 import type { RunIo, SlotLease } from './lease.js';
 import { noSlotReceipt, stoppedReceipt } from './lease.js';
 

@@ -4,6 +4,7 @@
  * (`{"Error": "Token not found", "Status": 400}`) are translated here, once, into SlotgateErrors
  * with codes of src/errors.ts; nothing else in the gateway reads legacy error text.
  */
+import { translateLegacyError } from '../protocol/legacy-wire.js';
 import type { Readable } from 'node:stream';
 import { Agent, type Dispatcher, request } from 'undici';
 import { SlotgateError } from '../errors.js';
@@ -22,27 +23,9 @@ export function backendDispatcher(): Agent {
   return new Agent({ connect: { timeout: TOKEN_REQUEST_TIMEOUT_MS }, keepAliveTimeout: 4000 });
 }
 
-function errorText(body: string): string | null {
-  try {
-    const j: unknown = JSON.parse(body);
-    if (isPlainObject(j) && typeof j.Error === 'string') return j.Error;
-  } catch {
-    /* not JSON */
-  }
-  return null;
-}
-
 /** A legacy error answer as a typed error. */
 export function legacyErrorOf(status: number, body: string, backend: string): SlotgateError {
-  const text = errorText(body);
-  const where = `backend ${backend}`;
-  if (text === 'Token not found') return new SlotgateError('token_not_found', `${where} answered Token not found`);
-  if (text === 'All workers busy') return new SlotgateError('all_workers_busy', `${where}: all workers busy`);
-  if (text !== null && /^Unknown service/.test(text)) return new SlotgateError('unknown_service', `${where}: ${text}`);
-  const detail = text ?? body.slice(0, 200);
-  if (status === 400 && text !== null && /^invalid job/i.test(text)) return new SlotgateError('invalid_job', `${where}: ${text}`);
-  if (status === 400) return new SlotgateError('bad_request', `${where} refused the request: ${detail}`);
-  return new SlotgateError('backend_failed', `${where} answered ${status}${detail ? `: ${detail}` : ''}`);
+  return translateLegacyError(status, body, `backend ${backend}`);
 }
 
 function unreachable(backend: string, what: string, e: unknown): SlotgateError {
