@@ -27,21 +27,30 @@ compatTest(
   async (s) => {
     const port = await freePort();
     const listen = `127.0.0.1:${port}`;
-    const crashing = await s.spawnExec('native', 'exec-a', { processes: 1, listen });
-    const other = await s.native({ processes: 1, name: 'exec-b' });
+    // exec-a alone has a slot for `solomark` (exec-b announces the service with 0 processes):
+    // those jobs can only wait for exec-a to come back.
+    const crashing = await s.spawnExec('native', 'exec-a', { processes: 1, soloProcesses: 1, listen });
+    const other = await s.native({ processes: 1, soloProcesses: 0, name: 'exec-b' });
     const fylr = await s.newFylr([crashing.url, other.url]);
-    await s.submit(fylr.url, 16, { service: 'slow', secs: 0.3 });
-    await until(async () => (await getJson<{ waitgroups: { w: { running: number } } }>(`${crashing.url}/status`)).waitgroups.w.running === 1, 'a job running on exec-a');
+    await s.submit(fylr.url, 10, { service: 'slow', secs: 0.3 });
+    const onlyA = await s.submit(fylr.url, 3, { service: 'solomark', secs: 0.3 });
+    type St = { waitgroups: Record<string, { running: number }> };
+    await until(async () => {
+      const st = await getJson<St>(`${crashing.url}/status`);
+      return st.waitgroups.w!.running + st.waitgroups.one!.running >= 1;
+    }, 'a job running on exec-a');
     await killTree(crashing);
     const doneAtCrash = (await s.states()).done ?? 0;
     await until(async () => (await transportOf(fylr, crashing.url)) !== 'broker', 'the client noticed the crash');
     await until(async () => ((await s.states()).done ?? 0) >= doneAtCrash + 2, 'work went on on exec-b meanwhile');
-    const restarted = await s.spawnExec('native', 'exec-a', { processes: 1, listen });
+    const waitingForA = 3 - (s.witnessed().size === 0 ? 0 : onlyA.filter((i) => s.witnessed().has(i.marker)).length);
+    s.t.ok(waitingForA >= 1, `${waitingForA} jobs only exec-a can run wait for it`);
+    const restarted = await s.spawnExec('native', 'exec-a', { processes: 1, soloProcesses: 1, listen });
     await until(async () => (await transportOf(fylr, crashing.url)) === 'broker', 'the client reconnected to the restarted exec-a', 15_000);
     await s.waitDone();
     await s.verify({ inProcessExecutions: null });
     const ranAfterRestart = metricValue(await metricsOf(restarted.url), 'slotgate_jobs_total', { result: 'ok' });
-    s.t.ok(ranAfterRestart >= 1, `the restarted exec-a got re-registered wants and ran ${ranAfterRestart} jobs`);
+    s.t.ok(ranAfterRestart >= waitingForA, `the restarted exec-a got the re-registered wants and ran ${ranAfterRestart} jobs`);
     s.notes.push(`exec-b kept serving during the outage; the restarted exec-a ran ${ranAfterRestart} jobs`);
   },
 );

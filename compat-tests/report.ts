@@ -5,7 +5,7 @@
  * Exits non-zero when tap fails, a scenario fails, or an expected scenario did not report.
  */
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -77,8 +77,9 @@ export function render(results: ScenarioResult[], meta: { tapExit: number | null
   lines.push('127.0.0.1 and a real PostgreSQL, checked for: every job executed exactly once (a witness file written by the');
   lines.push('jobs at the execservers, and the execservers\' own counters), no waitgroup ever over its processes, nothing left');
   lines.push('claimed in `file_queue`, every item done with an ok receipt — plus the scenario\'s own point.');
-  lines.push('"Requests" is what the fylr(s) sent towards execservers: HTTP requests (token polls, PUTs, `/broker` dials) and');
-  lines.push('broker frames; "backend" counts the requests the old execservers received.');
+  lines.push('"Requests" is what the fylr(s) sent towards execservers: HTTP requests (old fylr: token polls and PUTs; new fylr:');
+  lines.push('`/broker` dials and token polls of its fallback, whose PUTs its client does not report) and broker frames;');
+  lines.push('"backend" counts every request the old execservers received (from fylrs or gateways).');
   lines.push('');
   lines.push(`Run: ${new Date().toISOString()} · Node ${process.version} · ${results.length} scenarios · wall time ${seconds(meta.wallMs)} · tap exit ${meta.tapExit}`);
   lines.push('');
@@ -140,7 +141,10 @@ async function main(): Promise<number> {
   const started = Date.now();
   const tap = join(ROOT, 'node_modules', '.bin', 'tap');
   const code = await new Promise<number | null>((resolve) => {
-    const child = spawn(tap, ['compat-tests/'], { cwd: ROOT, stdio: 'inherit', env: { ...process.env, [RESULTS_ENV]: file } });
+    const files = readdirSync(join(ROOT, 'compat-tests'))
+      .filter((f) => f.endsWith('.test.ts'))
+      .map((f) => `compat-tests/${f}`);
+    const child = spawn(tap, files, { cwd: ROOT, stdio: 'inherit', env: { ...process.env, [RESULTS_ENV]: file } });
     child.on('exit', (c) => resolve(c));
     child.on('error', () => resolve(null));
   });
@@ -156,7 +160,8 @@ async function main(): Promise<number> {
   return ok ? 0 : 1;
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
+// Run as a script only (tap loads files of compat-tests/ too when given the directory).
+if (import.meta.url === `file://${process.argv[1]}` && process.env.TAP === undefined) {
   main().then(
     (c) => process.exit(c),
     (e: unknown) => {

@@ -26,12 +26,10 @@ compatTest(t, { kind: 'scenario', id: 'scenario:upgrade-in-place', title: 'upgra
   await s.waitDone();
   await s.verify();
   s.t.equal(fylr.fylr.owner, owner, 'the same fylr process throughout (no restart)');
-  const relayed = (gateway.server.broker.status() as unknown as { kind: string }).kind;
-  s.t.equal(relayed, 'gateway');
   const st = (await (await fetch(`${gateway.url}/status`)).json()) as { gateway: { backends: { jobs_relayed: number }[] } };
   s.t.ok((st.gateway.backends[0]?.jobs_relayed ?? 0) > 0, `jobs went through the gateway after the switch (${st.gateway.backends[0]?.jobs_relayed})`);
   const retried = fylr.fylr.status().dispatcher.counters.retried;
-  s.notes.push(`${before.length} jobs submitted before, ${during.length} after the switch; ${retried} attempts retried (a legacy token redeemed across the switch)`);
+  s.notes.push(`${before.length} jobs submitted before, ${during.length} after the switch; ${retried} attempts retried${retried > 0 ? ' (legacy tokens redeemed across the switch)' : ''}`);
 });
 
 compatTest(t, { kind: 'scenario', id: 'scenario:downgrade', title: 'downgrade: the address changes from a gateway back to the old execserver while work flows' }, async (s) => {
