@@ -11,7 +11,7 @@
  */
 import t from 'tap';
 import { until } from '../fixtures/lib/cleanup.js';
-import { getJson, killTree } from '../fixtures/lib/peers.js';
+import { getJson } from '../fixtures/lib/peers.js';
 import { BrokerPeer } from '../test/helpers/broker-peer.js';
 import { compatTest, transportOf } from './lib/harness.js';
 import { freePort, metricsOf, metricValue, startFreezableProxy } from './lib/net-tools.js';
@@ -39,7 +39,7 @@ compatTest(
       const st = await getJson<St>(`${crashing.url}/status`);
       return st.waitgroups.w!.running + st.waitgroups.one!.running >= 1;
     }, 'a job running on exec-a');
-    await killTree(crashing);
+    await crashing.crash();
     const doneAtCrash = (await s.states()).done ?? 0;
     await until(async () => (await transportOf(fylr, crashing.url)) !== 'broker', 'the client noticed the crash');
     await until(async () => ((await s.states()).done ?? 0) >= doneAtCrash + 2, 'work went on on exec-b meanwhile');
@@ -83,7 +83,7 @@ compatTest(
     const fylr = await s.newFylr([gateway.url]);
     await s.submit(fylr.url, 14, { service: 'slow', secs: 0.3 });
     await until(() => (backend.server.counters.running.w ?? 0) >= 1, 'a job relayed to the backend');
-    await killTree(gateway);
+    await gateway.crash();
     await until(async () => (await transportOf(fylr, gateway.url)) === 'down', 'the client saw the gateway go');
     const restarted = await s.spawnExec('gateway', 'gateway', { processes: 2, backends: [backend.url], listen });
     await until(async () => (await transportOf(fylr, gateway.url)) === 'broker', 'the client reconnected', 15_000);
@@ -116,7 +116,7 @@ compatTest(
       return st.gateway.backends.find((b) => b.url === crashing.url.replace(/\/+$/, ''))?.held.w ?? 0;
     };
     await until(async () => (await onCrashing()) >= 1, 'a job on backend-1');
-    await killTree(crashing);
+    await crashing.crash();
     await s.waitDone(s.submitted, 60_000);
     await s.verify({ inProcessExecutions: null });
     s.t.ok(failures.includes('backend_failed'), `the job running on the dead backend ended with DONE backend_failed (${failures.join(', ')})`);

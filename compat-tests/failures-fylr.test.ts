@@ -11,7 +11,7 @@
  */
 import t from 'tap';
 import { until } from '../fixtures/lib/cleanup.js';
-import { getJson, killTree } from '../fixtures/lib/peers.js';
+import { getJson } from '../fixtures/lib/peers.js';
 import { BrokerPeer } from '../test/helpers/broker-peer.js';
 import { compatTest, FAST_TIMINGS } from './lib/harness.js';
 import { metricsOf, metricValue } from './lib/net-tools.js';
@@ -35,7 +35,7 @@ compatTest(
       return st.waitgroups.w!.running === 1 && st.waitgroups.w!.parked >= 1;
     }, 'one job running, wants parked');
     const parkedBefore = (await execStatus(exec.url)).waitgroups.w!.parked;
-    await killTree(doomed);
+    await doomed.crash();
     await until(async () => {
       const st = await execStatus(exec.url);
       return st.connections.length === 0 && st.waitgroups.w!.parked === 0 && st.waitgroups.w!.offered === 0 && st.waitgroups.w!.running === 0;
@@ -64,7 +64,7 @@ compatTest(
     const survivor = await s.newFylr([exec.url]);
     const orphans = await claimedByDoomed();
     const killedAt = Date.now();
-    await killTree(doomed);
+    await doomed.crash();
     await until(() => survivor.fylr.status().dispatcher.counters.orphans_requeued > 0, 'the survivor requeued orphans', 10_000);
     const after = Date.now() - killedAt;
     s.t.ok(after >= FAST_TIMINGS.staleAfterMs! - FAST_TIMINGS.heartbeatIntervalMs! - 100, `not before the heartbeat went stale (${after} ms after the crash; stale after ${FAST_TIMINGS.staleAfterMs} ms)`);

@@ -6,6 +6,7 @@
  */
 import { EventEmitter } from 'node:events';
 import { type Clock, systemClock } from '../../src/clock.js';
+import { untilChange } from '../../src/until-change.js';
 
 /** An HTTP status, or 'error' for a request that got no answer (refused, reset, timeout). */
 export type StatusKey = number | 'error';
@@ -134,16 +135,8 @@ export class LegacyCounters extends EventEmitter {
   }
 
   /** Resolves once `predicate()` holds (checked now and after every change). */
-  async until(predicate: () => boolean): Promise<void> {
-    if (predicate()) return;
-    await new Promise<void>((resolve) => {
-      const check = (): void => {
-        if (!predicate()) return;
-        this.off('change', check);
-        resolve();
-      };
-      this.on('change', check);
-    });
+  until(predicate: () => boolean): Promise<void> {
+    return untilChange(this, predicate);
   }
 
   snapshot(): LegacyCountersSnapshot {

@@ -17,9 +17,10 @@
  * Each request is its own TCP connection (no keep-alive), as with the old client and the
  * `Connection: close` the old server sends; a balancer therefore re-balances every request.
  *
- * The new fylr's fallback transport reuses `acquireAndRun` for addresses without /broker.
+ * The new fylr's fallback (src/fylr/polling-transport.ts) shares only the wire's reading
+ * (src/protocol/legacy-wire.ts): it splits acquiring from running, which `acquireAndRun` joins.
  */
-import { type LegacyAddress, legacyErrorText, parseLegacyAddress, translateLegacyError } from '../../src/protocol/legacy-wire.js';
+import { isReceipt, type LegacyAddress, legacyErrorText, parseLegacyAddress, receiptFromHeader, translateLegacyError } from '../../src/protocol/legacy-wire.js';
 import type { Readable, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { Agent, type Dispatcher, request } from 'undici';
@@ -77,10 +78,6 @@ type RoundOutcome = { kind: 'grant'; grant: Grant } | { kind: 'busy' } | { kind:
 /** Translates a legacy error answer (`{"Error": "...", "Status": N}`) into a typed error. */
 export function legacyError(status: number, body: string): SlotgateError {
   return translateLegacyError(status, body, 'execserver');
-}
-
-function isReceipt(v: unknown): v is Receipt {
-  return isPlainObject(v) && typeof v.ok === 'boolean';
 }
 
 function sleep(clock: Clock, ms: number, signal: AbortSignal | undefined): Promise<void> {
@@ -207,7 +204,9 @@ export async function acquireAndRun(job: JobSpec, opts: AcquireOptions): Promise
     const wakeAt = Math.min(roundStart + interval, deadline);
     await sleep(clock, wakeAt - clock.now(), opts.signal);
     if (opts.signal?.aborted) return { kind: 'requeue', reason: 'aborted', rounds };
-    if (clock.now() >= deadline) return { kind: 'requeue', reason: 'no_slot', rounds };
+    // A timer may fire a fraction of a millisecond early (Node's timers count whole ms, the clock
+    // does not): less than 1 ms left is the deadline, not one more token round.
+    if (deadline - clock.now() < 1) return { kind: 'requeue', reason: 'no_slot', rounds };
   }
   if (opts.signal?.aborted) return { kind: 'requeue', reason: 'aborted', rounds };
   return put(job, grant, opts, dispatcher);
@@ -269,16 +268,4 @@ async function put(job: JobSpec, grant: Grant, opts: AcquireOptions, dispatcher:
   const error = legacyError(res.statusCode, text);
   if (error.code === 'token_not_found') counters.tokenNotFound();
   return { kind: 'failed', error, status: res.statusCode, address };
-}
-
-/** A receipt the server may send along a body-mode answer (`x-receipt` header, JSON). */
-function receiptFromHeader(headers: Dispatcher.ResponseData['headers']): Receipt | null {
-  const raw = headers['x-receipt'];
-  if (typeof raw !== 'string') return null;
-  try {
-    const j: unknown = JSON.parse(raw);
-    return isReceipt(j) ? j : null;
-  } catch {
-    return null;
-  }
 }

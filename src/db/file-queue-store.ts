@@ -51,21 +51,8 @@ export interface EnqueueInput {
 const COLUMNS =
   'id, priority, action, payload, state, start_after, claimed_by, claimed_at, heartbeat_at, attempts, receipt, created_at, updated_at';
 
-interface Row {
-  id: string | number;
-  priority: number;
-  action: string;
-  payload: unknown;
-  state: FileQueueState;
-  start_after: Date;
-  claimed_by: string | null;
-  claimed_at: Date | null;
-  heartbeat_at: Date | null;
-  attempts: number;
-  receipt: unknown;
-  created_at: Date;
-  updated_at: Date;
-}
+/** A `file_queue` row as pg returns it. */
+type Row = Omit<FileQueueItem, 'id'> & { id: string | number };
 
 /** bigserial arrives as a string; ids stay far below 2^53. */
 function toItem(row: Row): FileQueueItem {

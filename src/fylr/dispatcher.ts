@@ -33,6 +33,7 @@ import { claimBatch, type ClaimedItem, newOwnerId, recordFailure } from '../db/f
 import { HIGH_PRIORITY, isLocalAction } from '../db/file-queue-schema.js';
 import { finish, requeue } from '../db/file-queue-store.js';
 import { failedReceipt, isFieldProblem, type JobSpec, type Receipt, validateJob } from '../protocol/job.js';
+import { untilChange } from '../until-change.js';
 import { type ExecAdmissionSource, execBudget, LocalSlots, type LocalSlotsStatus } from './dispatcher-admission.js';
 import { ClaimKeeper } from './dispatcher-heartbeats.js';
 import { runLocalTask } from './dispatcher-local-tasks.js';
@@ -276,16 +277,8 @@ export class Dispatcher extends EventEmitter {
   }
 
   /** Resolves once `predicate()` holds (checked now and after every 'change'). */
-  async until(predicate: () => boolean): Promise<void> {
-    if (predicate()) return;
-    await new Promise<void>((resolve) => {
-      const check = (): void => {
-        if (!predicate()) return;
-        this.off('change', check);
-        resolve();
-      };
-      this.on('change', check);
-    });
+  until(predicate: () => boolean): Promise<void> {
+    return untilChange(this, predicate);
   }
 
   // ------------------------------------------------------------------ the loop

@@ -17,7 +17,7 @@ import { Agent, type Dispatcher, request } from 'undici';
 import { type Clock } from '../clock.js';
 import { LEGACY_TOKEN_TTL_MS } from '../config/types.js';
 import { isPlainObject, type JobSpec, okReceipt, type Receipt, failedReceipt, usesBody } from '../protocol/job.js';
-import { translateLegacyError as legacyError } from '../protocol/legacy-wire.js';
+import { isReceipt, receiptFromHeader, translateLegacyError as legacyError } from '../protocol/legacy-wire.js';
 import type { RunIo, SlotLease } from './lease.js';
 import { noSlotReceipt, stoppedReceipt } from './lease.js';
 
@@ -82,21 +82,6 @@ export function giveBackToken(target: string, service: string, token: string, di
   void request(jobUrl(target, { service, commands: [] }, token), { method: 'PUT', dispatcher, headersTimeout: TOKEN_REQUEST_TIMEOUT_MS, bodyTimeout: TOKEN_REQUEST_TIMEOUT_MS })
     .then((res) => res.body.dump())
     .catch(() => undefined);
-}
-
-function isReceipt(v: unknown): v is Receipt {
-  return isPlainObject(v) && typeof v.ok === 'boolean';
-}
-
-function receiptFromHeader(headers: Dispatcher.ResponseData['headers']): Receipt | null {
-  const raw = headers['x-receipt'];
-  if (typeof raw !== 'string') return null;
-  try {
-    const j: unknown = JSON.parse(raw);
-    return isReceipt(j) ? j : null;
-  } catch {
-    return null;
-  }
 }
 
 /** Writes `src` into `dst` chunk by chunk (backpressure); ends `dst` on success. Returns bytes. */

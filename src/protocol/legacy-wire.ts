@@ -4,7 +4,7 @@
  * translated into a typed error here, once (STYLE.md: translate at the boundary).
  */
 import { SlotgateError } from '../errors.js';
-import { isPlainObject } from './job.js';
+import { isPlainObject, type Receipt } from './job.js';
 
 export interface LegacyAddress {
   /** As configured. */
@@ -50,4 +50,21 @@ export function translateLegacyError(status: number, body: string, where = 'exec
   if (status === 400 && text !== null && /^invalid job/i.test(text)) return new SlotgateError('invalid_job', `${where}: ${text}`);
   if (status === 400) return new SlotgateError('bad_request', `${where} refused the request: ${detail}`);
   return new SlotgateError('backend_failed', `${where} answered ${status}${detail ? `: ${detail}` : ''}`);
+}
+
+/** A legacy PUT's answer is a receipt when it is an object with a boolean `ok`. */
+export function isReceipt(v: unknown): v is Receipt {
+  return isPlainObject(v) && typeof v.ok === 'boolean';
+}
+
+/** A receipt the server may send along a body-mode answer (`x-receipt` header, JSON). */
+export function receiptFromHeader(headers: Record<string, string | string[] | undefined>): Receipt | null {
+  const raw = headers['x-receipt'];
+  if (typeof raw !== 'string') return null;
+  try {
+    const j: unknown = JSON.parse(raw);
+    return isReceipt(j) ? j : null;
+  } catch {
+    return null;
+  }
 }

@@ -6,12 +6,15 @@
 import type pg from 'pg';
 import { type Clock, systemClock } from '../../src/clock.js';
 import { parseServeConfig } from '../../src/config/load-config.js';
-import type { ExecserverClientConfig, ServeConfig } from '../../src/config/types.js';
-import { createExecserver, type Execserver } from '../../src/execserver/server.js';
+import type { ServeConfig } from '../../src/config/types.js';
+import type { Execserver } from '../../src/execserver/server.js';
 import type { DispatchAcquireResult, DispatchClient, DispatchLease, Dispatcher } from '../../src/fylr/dispatcher.js';
 import { failedReceipt, type JobSpec, okReceipt, type Receipt } from '../../src/protocol/job.js';
 import { LocalSlotSource } from '../../src/slots/local-slot-source.js';
 import type { DemandView, JobIo, Slot, SlotSource } from '../../src/slots/slot-source.js';
+import { listenExec } from './fixtures.js';
+
+export { clientConfig as execClientConfig } from './fixtures.js';
 
 /** Polls `check` every `intervalMs` until it returns a value other than undefined/false. */
 export async function waitFor<T>(what: string, check: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs = 20_000, intervalMs = 20): Promise<T> {
@@ -269,16 +272,12 @@ export async function startObservedExec(t: { teardown(fn: () => unknown): void }
     services: { noop: { waitgroup: 'w', commands: [] }, sleep: { waitgroup: 'w', commands: ['sleep'] } },
   });
   const source = new RecordingSource(config);
-  const exec = await createExecserver({ config, source });
-  const url = await exec.listen();
-  let closed: Promise<void> | undefined;
-  const close = (): Promise<void> => (closed ??= exec.close());
-  t.teardown(close);
+  const { exec, url, port, close } = await listenExec(t, config, source);
   return {
     exec,
     source,
     url,
-    port: Number(new URL(url).port),
+    port,
     async jobsTotal() {
       const metric = exec.metrics.registry.getSingleMetric('slotgate_jobs_total');
       if (metric === undefined) return 0;
@@ -286,20 +285,6 @@ export async function startObservedExec(t: { teardown(fn: () => unknown): void }
       return values.reduce((n, v) => n + v.value, 0);
     },
     close,
-  };
-}
-
-export function execClientConfig(addresses: string[], over: Partial<ExecserverClientConfig> = {}): ExecserverClientConfig {
-  return {
-    addresses,
-    connectTimeoutSec: 60,
-    callbackBackendInternalURL: null,
-    callbackBackendOwnURL: null,
-    parallel: 18,
-    parallelHigh: 10,
-    reprobe_interval_ms: 60_000,
-    max_connections_per_address: 8,
-    ...over,
   };
 }
 

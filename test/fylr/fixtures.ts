@@ -16,6 +16,7 @@ import { PipeServer } from '../../src/fylr/pipe-server.js';
 import type { Clock } from '../../src/clock.js';
 import type { ExecMessage, FylrMessage, HelloMessage } from '../../src/protocol/messages.js';
 import type { JobSpec } from '../../src/protocol/job.js';
+import type { SlotSource } from '../../src/slots/slot-source.js';
 
 export interface Teardown {
   teardown(fn: () => unknown): void;
@@ -52,15 +53,20 @@ export interface RunningExec {
   close(): Promise<void>;
 }
 
-export async function startExec(t: Teardown, def: ExecDef): Promise<RunningExec> {
-  const config = execConfig(def);
-  const exec = await createExecserver({ config });
+/** Creates and starts an execserver on `config`, closed (once) at teardown. */
+export async function listenExec(t: Teardown, config: ServeConfig, source?: SlotSource): Promise<Omit<RunningExec, 'config'>> {
+  const exec = await createExecserver(source === undefined ? { config } : { config, source });
   const url = await exec.listen();
   const port = Number(new URL(url).port);
   let closed: Promise<void> | undefined;
   const close = (): Promise<void> => (closed ??= exec.close());
   t.teardown(close);
-  return { exec, url, port, config, close };
+  return { exec, url, port, close };
+}
+
+export async function startExec(t: Teardown, def: ExecDef): Promise<RunningExec> {
+  const config = execConfig(def);
+  return { ...(await listenExec(t, config)), config };
 }
 
 export function clientConfig(addresses: string[], over: Partial<ExecserverClientConfig> = {}): ExecserverClientConfig {

@@ -9,8 +9,9 @@
  * This is the only module of the tests that imports http-proxy (STACK.md: wrap it in one place).
  */
 import http from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import httpProxy from 'http-proxy';
+import { listenLocal } from './listen-local.js';
 
 export interface Balancer {
   /** `http://127.0.0.1:PORT`, no trailing slash. */
@@ -52,7 +53,6 @@ export async function startBalancer(targets: string[], opts: BalancerOptions = {
   // Without a listener http-proxy re-throws target errors; each call passes its own callback.
   proxy.on('error', () => undefined);
 
-  const sockets = new Set<Socket>();
   const server = http.createServer((req, res) => {
     const target = pick();
     if (target === undefined) {
@@ -68,10 +68,6 @@ export async function startBalancer(targets: string[], opts: BalancerOptions = {
       }
     });
   });
-  server.on('connection', (s: Socket) => {
-    sockets.add(s);
-    s.once('close', () => sockets.delete(s));
-  });
   server.on('upgrade', (req: http.IncomingMessage, socket: Socket, head: Buffer) => {
     socket.on('error', () => undefined);
     const target = pick();
@@ -83,14 +79,10 @@ export async function startBalancer(targets: string[], opts: BalancerOptions = {
     proxy.ws(req, socket, head, { target }, refuse);
   });
 
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => resolve());
-  });
-  const { port } = server.address() as AddressInfo;
+  const listener = await listenLocal(server);
 
   return {
-    url: `http://127.0.0.1:${port}`,
+    url: listener.url,
     counts,
     setTargets(ts) {
       list = ts.map(normalise);
@@ -98,8 +90,7 @@ export async function startBalancer(targets: string[], opts: BalancerOptions = {
     },
     targets: () => [...list],
     async close() {
-      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
-      for (const s of sockets) s.destroy();
+      const closed = listener.close();
       proxy.close();
       agent.destroy();
       await closed;

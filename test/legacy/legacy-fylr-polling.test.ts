@@ -1,6 +1,6 @@
 import { PassThrough, Readable } from 'node:stream';
 import t from 'tap';
-import { ManualClock, systemClock } from '../../src/clock.js';
+import { type Clock, ManualClock, systemClock } from '../../src/clock.js';
 import { LegacyCounters } from '../../legacy/fylr/counters.js';
 import { acquireAndRun, type AcquireResult, legacyError, parseLegacyAddress } from '../../legacy/fylr/polling-client.js';
 import { echoJob, noopJob, sleepJob, startExec } from './legacy-fylr-helpers.js';
@@ -186,4 +186,22 @@ t.test('an aborted slot wait requeues at once', async (t) => {
   await counters.until(() => counters.busyRounds === 1);
   ac.abort();
   t.same(await p, { kind: 'requeue', reason: 'aborted', rounds: 1 });
+});
+
+t.test('a timer firing a fraction of a millisecond early does not buy another token round', async (t) => {
+  const a = await startExec(t, { name: 'a', waitgroups: { fast: 1, slow: 1 } });
+  await holdSlowSlot(a.url);
+  // Every timer fires 0.4 ms before its due time (Node counts whole ms, the clock does not).
+  let now = 0;
+  const early: Clock = {
+    now: () => now,
+    setTimeout: (fn, ms) =>
+      systemClock.setTimeout(() => {
+        now += Math.max(0, ms - 0.4);
+        fn();
+      }, 0),
+    clearTimeout: (h) => systemClock.clearTimeout(h),
+  };
+  const r = await acquireAndRun(sleepJob(1), { addresses: [a.url], connectTimeoutSec: 1, clock: early, counters: new LegacyCounters() });
+  t.same(r, { kind: 'requeue', reason: 'no_slot', rounds: 1 });
 });
