@@ -5,7 +5,7 @@
 import { type ChildProcess, fork } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import type { RawServeConfig } from './configs.js';
-import type { HostCounters, HostKind, HostStatus } from './host.js';
+import type { GcStats, HostCounters, HostKind, HostStatus } from './host.js';
 
 const HOST = fileURLToPath(new URL('./host.ts', import.meta.url));
 
@@ -82,6 +82,11 @@ export class BenchHost {
 
   status(server: HostedServer): Promise<HostStatus> {
     return this.#call({ op: 'status', server: server.id });
+  }
+
+  /** GC pauses in the host since the last reset. */
+  gc(reset = false): Promise<GcStats> {
+    return this.#call({ op: 'gc', reset });
   }
 
   stopServer(server: HostedServer): Promise<void> {

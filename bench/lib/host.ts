@@ -15,6 +15,7 @@
  * Run with `--cpu-prof` in BENCH_HOST_EXEC_ARGV to profile the servers alone.
  */
 import type { Server } from 'node:http';
+import { PerformanceObserver } from 'node:perf_hooks';
 import { parseServeConfig } from '../../src/config/load-config.js';
 import type { ServeConfig } from '../../src/config/types.js';
 import { createExecserver } from '../../src/execserver/server.js';
@@ -162,12 +163,30 @@ async function startFloor(config: ServeConfig, holdMs: number): Promise<Hosted> 
   };
 }
 
+/** GC pauses of this process (PerformanceObserver 'gc': no timers, so it adds no wake-ups). */
+export interface GcStats {
+  count: number;
+  total_ms: number;
+  max_ms: number;
+  /** Pauses of 1 ms or more. */
+  over_1ms: number;
+}
+let gc: GcStats = { count: 0, total_ms: 0, max_ms: 0, over_1ms: 0 };
+new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) {
+    gc.count++;
+    gc.total_ms += e.duration;
+    gc.max_ms = Math.max(gc.max_ms, e.duration);
+    if (e.duration >= 1) gc.over_1ms++;
+  }
+}).observe({ entryTypes: ['gc'] });
+
 const servers = new Map<number, Hosted>();
 let nextId = 1;
 
 interface Request {
   id: number;
-  op: 'start' | 'counters' | 'handoffs' | 'status' | 'stop' | 'memory';
+  op: 'start' | 'counters' | 'handoffs' | 'status' | 'stop' | 'memory' | 'gc';
   kind?: HostKind;
   config?: unknown;
   holdMs?: number;
@@ -212,6 +231,11 @@ async function handle(req: Request): Promise<unknown> {
     }
     case 'memory':
       return process.memoryUsage();
+    case 'gc': {
+      const out = gc;
+      if (req.reset) gc = { count: 0, total_ms: 0, max_ms: 0, over_1ms: 0 };
+      return out;
+    }
     default:
       throw new Error(`unknown op ${String((req as { op: unknown }).op)}`);
   }

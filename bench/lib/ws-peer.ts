@@ -18,6 +18,10 @@ export class BrokerPeer {
   readonly ws: WebSocket;
   readonly name = `p${++peerSeq}`;
   readonly #services = new Map<string, string>();
+  /** Wants sent and not offered yet (nor refused). */
+  readonly parked = new Set<string>();
+  /** Jobs accepted (JOB sent) whose DONE has not come yet. */
+  running = 0;
   handlers: PeerHandlers;
   #seq = 0;
   offers = 0;
@@ -64,6 +68,7 @@ export class BrokerPeer {
 
   want(service: string, priority = 0, jobId = this.nextJobId()): string {
     this.#services.set(jobId, service);
+    this.parked.add(jobId);
     this.send({ type: 'WANT', job_id: jobId, service, priority });
     return jobId;
   }
@@ -71,6 +76,7 @@ export class BrokerPeer {
   /** Accepts an offer with a no-command job (the transport without any process cost). */
   accept(jobId: string, token: string, job?: Record<string, unknown>): void {
     const service = this.#services.get(jobId) ?? 'noop';
+    this.running++;
     this.send({ type: 'JOB', job_id: jobId, token, job: job ?? { service, commands: [] } });
   }
 
@@ -87,22 +93,42 @@ export class BrokerPeer {
         return;
       case 'OFFER':
         this.offers++;
+        this.parked.delete(m.job_id as string);
         if (this.handlers.onOffer) this.handlers.onOffer(this, m.job_id as string, m.token as string);
         else this.accept(m.job_id as string, m.token as string);
         return;
       case 'DONE':
         this.dones++;
+        this.running--;
         this.#services.delete(m.job_id as string);
         this.handlers.onDone?.(this, m.job_id as string, m.receipt?.ok === true);
         return;
       case 'ERROR':
         this.errors++;
         this.lastError = `${m.code}: ${m.message}`;
-        if (m.job_id !== undefined) this.#services.delete(m.job_id);
+        if (m.job_id !== undefined) {
+          this.#services.delete(m.job_id);
+          this.parked.delete(m.job_id);
+        }
         return;
       default:
         return;
     }
+  }
+
+  /**
+   * Ends cleanly: UNWANT every parked want, DECLINE offers that still come, and wait (at most
+   * `timeoutMs`) until every accepted job sent its DONE. What a well-behaved fylr does when it
+   * stops, so that closing the socket stops no running job (rule 6) and costs no extra work.
+   */
+  async drain(timeoutMs = 10_000): Promise<void> {
+    this.handlers = { onOffer: (p, jobId, token) => p.send({ type: 'DECLINE', job_id: jobId, token }) };
+    for (const jobId of [...this.parked]) {
+      this.parked.delete(jobId);
+      this.send({ type: 'UNWANT', job_id: jobId });
+    }
+    const until = performance.now() + timeoutMs;
+    while (this.running > 0 && performance.now() < until) await new Promise((resolve) => setTimeout(resolve, 5));
   }
 
   close(): Promise<void> {
@@ -123,6 +149,12 @@ export async function connectPeers(url: string, n: number, handlers: PeerHandler
   const out: BrokerPeer[] = [];
   for (let i = 0; i < n; i++) out.push(await BrokerPeer.connect(url, handlers));
   return out;
+}
+
+/** drain() then close() every peer. */
+export async function drainAndClosePeers(peers: readonly BrokerPeer[]): Promise<void> {
+  await Promise.all(peers.map((p) => p.drain()));
+  await closePeers(peers);
 }
 
 export async function closePeers(peers: readonly BrokerPeer[]): Promise<void> {

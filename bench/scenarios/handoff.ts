@@ -17,14 +17,17 @@
  * the holder's job, t_job = the old client sends its PUT (onRunning; the PUT reaches the server
  * well under 1 ms later on loopback). This is what one waiting old client sees.
  */
+import { loadavg } from 'node:os';
 import { request } from 'undici';
 import { parseServeConfig } from '../../src/config/load-config.js';
 import { systemClock } from '../../src/clock.js';
 import { acquireAndRun } from '../../legacy/fylr/polling-client.js';
 import { LegacyCounters } from '../../legacy/fylr/counters.js';
 import { lanes as lanesConfig, singleGroup } from '../lib/configs.js';
+import type { GcStats } from '../lib/host.js';
 import { BenchHost } from '../lib/host-client.js';
 import { type BenchOptions, dur } from '../lib/options.js';
+import { schedstat } from '../lib/proc.js';
 import { medianSummary, sleep, summarize, type Summary } from '../lib/stats.js';
 import { closePeers, connectPeers } from '../lib/ws-peer.js';
 
@@ -37,6 +40,17 @@ export interface HandoffSeries {
   hold_ms: number;
   reps: Summary[];
   median: Summary;
+  /** Samples of 2 ms or more, summed over the repetitions (what makes the p99). */
+  over_2ms: number;
+  /** GC pauses in the execserver process during the measurement windows, summed. */
+  gc?: GcStats;
+  /** 1-minute load average at the end of the series. */
+  load1: number;
+  /**
+   * Run-queue delay of the execserver's JS thread (bench host) and of the peers' (this process),
+   * ms per second of window: time they were ready to run while the 2 cores ran something else.
+   */
+  runqueue_wait_ms_per_s?: { execserver: number; peers: number };
 }
 
 export interface HandoffResult {
@@ -53,15 +67,36 @@ async function brokerSeries(host: BenchHost, kind: 'native' | 'floor', wants: nu
   for (let i = 0; i < wants; i++) peers[i % peers.length]!.want('noop');
   await sleep(dur(o, 700, 300));
   const reps: Summary[] = [];
+  let over2 = 0;
+  const gc: GcStats = { count: 0, total_ms: 0, max_ms: 0, over_1ms: 0 };
+  let waitHost = 0;
+  let waitSelf = 0;
+  let windowMs = 0;
   for (let r = 0; r < o.reps; r++) {
     await host.handoffs(server, true);
+    await host.gc(true);
+    const h0 = schedstat(host.pid);
+    const s0 = schedstat(process.pid);
+    const t0 = performance.now();
     await sleep(dur(o, 1500, 500));
-    reps.push(summarize(await host.handoffs(server, false)));
+    const samples = await host.handoffs(server, false);
+    windowMs += performance.now() - t0;
+    waitHost += schedstat(host.pid).wait_ms - h0.wait_ms;
+    waitSelf += schedstat(process.pid).wait_ms - s0.wait_ms;
+    const g = await host.gc(true);
+    gc.count += g.count;
+    gc.total_ms += g.total_ms;
+    gc.max_ms = Math.max(gc.max_ms, g.max_ms);
+    gc.over_1ms += g.over_1ms;
+    over2 += samples.filter((x) => x >= 2).length;
+    reps.push(summarize(samples));
   }
   await closePeers(peers);
   await host.stopServer(server);
-  const series: HandoffSeries = { transport: kind === 'native' ? 'broker' : 'floor', wants, hold_ms: holdMs, reps, median: medianSummary(reps) };
-  o.log(`hand-off ${series.transport} ${wants} wants hold ${holdMs} ms: p50 ${series.median.p50.toFixed(3)} ms p99 ${series.median.p99.toFixed(3)} ms (${series.median.n} samples)`);
+  const series: HandoffSeries = { transport: kind === 'native' ? 'broker' : 'floor', wants, hold_ms: holdMs, reps, median: medianSummary(reps), over_2ms: over2, gc, load1: loadavg()[0] as number,
+    runqueue_wait_ms_per_s: { execserver: (1000 * waitHost) / windowMs, peers: (1000 * waitSelf) / windowMs },
+  };
+  o.log(`hand-off ${series.transport} ${wants} wants hold ${holdMs} ms: p50 ${series.median.p50.toFixed(3)} ms p99 ${series.median.p99.toFixed(3)} ms (${series.median.n} samples, ${over2} >= 2 ms; host GC ${gc.count} pauses, ${gc.over_1ms} >= 1 ms, max ${gc.max_ms.toFixed(1)} ms; run-queue wait ${series.runqueue_wait_ms_per_s?.execserver.toFixed(0)} ms/s execserver, ${series.runqueue_wait_ms_per_s?.peers.toFixed(0)} ms/s peers; load ${series.load1.toFixed(1)})`);
   return series;
 }
 
@@ -102,19 +137,21 @@ async function pollingSeries(o: BenchOptions): Promise<HandoffResult['polling']>
   });
   const counters = new LegacyCounters();
   const reps: Summary[] = [];
+  let over2 = 0;
   try {
     for (let r = 0; r < o.reps; r++) {
       const samples: number[] = [];
       const until = performance.now() + dur(o, 4000, 2500);
       await Promise.all(Array.from({ length: laneCount }, (_, i) => pollingLane(server.url, i, until, samples, ends, counters)));
       reps.push(summarize(samples));
+      over2 += samples.filter((x) => x >= 2).length;
     }
   } finally {
     await server.close();
   }
   const median = medianSummary(reps);
   o.log(`hand-off polling (1 waiting client per slot, ${laneCount} lanes): mean ${median.mean.toFixed(1)} ms p50 ${median.p50.toFixed(1)} ms p99 ${median.p99.toFixed(1)} ms (${median.n} samples)`);
-  return { transport: 'polling', wants: 1, hold_ms: 0, reps, median, lanes: laneCount, poll_interval_ms: 1000 };
+  return { transport: 'polling', wants: 1, hold_ms: 0, reps, median, over_2ms: over2, load1: loadavg()[0] as number, lanes: laneCount, poll_interval_ms: 1000 };
 }
 
 export async function runHandoff(o: BenchOptions): Promise<HandoffResult> {

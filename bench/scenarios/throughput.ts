@@ -14,13 +14,15 @@
  */
 import { setMaxListeners } from 'node:events';
 import { systemClock } from '../../src/clock.js';
+import type { JobSpec } from '../../src/protocol/job.js';
 import { LegacyCounters } from '../../legacy/fylr/counters.js';
 import { acquireAndRun } from '../../legacy/fylr/polling-client.js';
 import { gatewayFor, type RawServeConfig, singleGroup } from '../lib/configs.js';
 import { BenchHost, type HostedServer } from '../lib/host-client.js';
 import { type BenchOptions, dur } from '../lib/options.js';
 import { median, sleep } from '../lib/stats.js';
-import { type BrokerPeer, closePeers, connectPeers } from '../lib/ws-peer.js';
+import { type InprocResult, runBrokerInproc } from './broker-inproc.js';
+import { type BrokerPeer, connectPeers, drainAndClosePeers } from '../lib/ws-peer.js';
 
 export const THROUGHPUT_CONNECTIONS = [1, 10, 100] as const;
 export const THROUGHPUT_SLOTS = 64;
@@ -32,11 +34,17 @@ export interface ThroughputPoint {
   outstanding_per_connection: number;
   reps: number[];
   jobs_per_sec: number;
-  /** Requests at the legacy backend per job (polling: the legacy server itself; gateway: behind it). */
+  /**
+   * Requests at the legacy backend per job (polling: the legacy server itself; gateway: behind
+   * it), over the point's whole life: from the servers' start to after the clients stopped and
+   * everything settled (tokens given back), so nothing in flight at a window's edge skews it.
+   */
   backend_requests_per_job: number | null;
+  /** The same, median over the measurement windows (in-flight requests at the edges included). */
+  backend_requests_per_job_window: number | null;
 }
 
-function point(transport: ThroughputPoint['transport'], connections: number, outstanding: number, w: Window[]): ThroughputPoint {
+function point(transport: ThroughputPoint['transport'], connections: number, outstanding: number, w: Window[], lifetime: number | null): ThroughputPoint {
   const rq = w.map((x) => x.backendRequestsPerJob).filter((x): x is number => x !== null);
   return {
     transport,
@@ -44,8 +52,17 @@ function point(transport: ThroughputPoint['transport'], connections: number, out
     outstanding_per_connection: outstanding,
     reps: w.map((x) => x.jobsPerSec),
     jobs_per_sec: median(w.map((x) => x.jobsPerSec)),
-    backend_requests_per_job: rq.length > 0 ? median(rq) : null,
+    backend_requests_per_job: lifetime,
+    backend_requests_per_job_window: rq.length > 0 ? median(rq) : null,
   };
+}
+
+/** Backend requests per job over the servers' whole life, once everything settled. */
+async function lifetimeRatio(host: BenchHost, server: HostedServer, backend: { host: BenchHost; server: HostedServer }): Promise<number | null> {
+  await sleep(300);
+  const jobs = (await host.counters(server)).jobs;
+  const requests = (await backend.host.counters(backend.server)).http_requests;
+  return jobs > 0 ? requests / jobs : null;
 }
 
 export interface ThroughputResult {
@@ -53,6 +70,8 @@ export interface ThroughputResult {
   points: ThroughputPoint[];
   /** Set when the gateway points could not run (the component failed). */
   gateway_error: string | null;
+  /** The broker alone, in one process, no sockets (broker-inproc.ts). */
+  inproc: InprocResult | null;
 }
 
 /** A gateway (in `host`) in front of a legacy execserver of THROUGHPUT_SLOTS slots (in `backendHost`). */
@@ -105,7 +124,7 @@ export async function startPumpingPeers(url: string, connections: number, outsta
     peers,
     async stop() {
       running = false;
-      await closePeers(peers);
+      await drainAndClosePeers(peers);
     },
   };
 }
@@ -124,22 +143,23 @@ export async function brokerPoint(
   const pumping = await startPumpingPeers(server.url, connections, outstanding);
   const w = await measureJobs(host, server, o, backend);
   await pumping.stop();
+  const lifetime = backend ? await lifetimeRatio(host, server, backend) : null;
   const errors = pumping.peers.reduce((n, p) => n + p.errors, 0);
   await host.stopServer(server);
-  const pt = point(transport, connections, outstanding, w);
+  const pt = point(transport, connections, outstanding, w, lifetime);
   const rq = pt.backend_requests_per_job === null ? '' : `, ${pt.backend_requests_per_job.toFixed(2)} backend requests/job`;
   o.log(`throughput ${transport} ${connections} conn: ${Math.round(pt.jobs_per_sec)} jobs/s${rq}${errors ? ` (${errors} ERROR frames: ${pumping.peers.find((p) => p.errors)?.lastError})` : ''}`);
   return pt;
 }
 
 /** `clients` old clients looping acquireAndRun against `addresses` until stopped. */
-export function startPollingClients(addresses: string[], clients: number, service = 'noop'): { counters: LegacyCounters; stop(): Promise<void> } {
+export function startPollingClients(addresses: string[], clients: number, job: JobSpec = { service: 'noop', commands: [] }): { counters: LegacyCounters; stop(): Promise<void> } {
   const counters = new LegacyCounters();
   const abort = new AbortController();
   setMaxListeners(0, abort.signal);
   const loops = Array.from({ length: clients }, async () => {
     while (!abort.signal.aborted) {
-      await acquireAndRun({ service, commands: [] }, { addresses, connectTimeoutSec: 3600, clock: systemClock, counters, signal: abort.signal });
+      await acquireAndRun(job, { addresses, connectTimeoutSec: 3600, clock: systemClock, counters, signal: abort.signal });
     }
   });
   return {
@@ -156,8 +176,9 @@ export async function pollingPoint(host: BenchHost, connections: number, o: Benc
   const clients = startPollingClients([server.url], connections);
   const w = await measureJobs(host, server, o, { host, server });
   await clients.stop();
+  const lifetime = await lifetimeRatio(host, server, { host, server });
   await host.stopServer(server);
-  const pt = point('polling', connections, 1, w);
+  const pt = point('polling', connections, 1, w, lifetime);
   o.log(`throughput polling ${connections} clients: ${Math.round(pt.jobs_per_sec)} jobs/s, ${pt.backend_requests_per_job?.toFixed(2)} requests/job`);
   return pt;
 }
@@ -185,5 +206,6 @@ export async function runThroughput(o: BenchOptions): Promise<ThroughputResult> 
     await host.close();
     await backendHost.close();
   }
-  return { slots: THROUGHPUT_SLOTS, points, gateway_error: gatewayError };
+  const inproc = await runBrokerInproc(o);
+  return { slots: THROUGHPUT_SLOTS, points, gateway_error: gatewayError, inproc };
 }
