@@ -5,30 +5,15 @@
  */
 import { readdir, readFile } from 'node:fs/promises';
 import t, { type Test } from 'tap';
-import { createExecserver, type Execserver } from '../../src/execserver/server.js';
-import { BrokerPeer, jobs } from '../helpers/broker-peer.js';
+import { jobs } from '../helpers/broker-peer.js';
+import { serveNative, type ServedNative } from '../helpers/serve-native.js';
 import { eventually } from '../helpers/wait.js';
 import { contractServeConfig } from './broker-contract.js';
 
 const WG = 'main';
 
-async function serve(t: Test, processes: number, broker = {}): Promise<{ server: Execserver; url: string; peer(): Promise<BrokerPeer> }> {
-  const server = await createExecserver({ config: contractServeConfig({ processes, broker }) });
-  const url = await server.listen();
-  const peers: BrokerPeer[] = [];
-  t.teardown(async () => {
-    for (const p of peers) p.terminate();
-    await server.close();
-  });
-  return {
-    server,
-    url,
-    async peer() {
-      const p = await BrokerPeer.connect(url);
-      peers.push(p);
-      return p;
-    },
-  };
+function serve(t: Test, processes: number, broker = {}): Promise<ServedNative> {
+  return serveNative(t, contractServeConfig({ processes, broker }));
 }
 
 /** Pids of processes whose command line is exactly `argv` (Linux /proc). */

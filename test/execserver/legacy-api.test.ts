@@ -9,16 +9,15 @@ import t, { type Test } from 'tap';
 import { request } from 'undici';
 import { ManualClock } from '../../src/clock.js';
 import { parseServeConfig } from '../../src/config/load-config.js';
-import { createExecserver, type Execserver } from '../../src/execserver/server.js';
 import type { JobSpec, Receipt } from '../../src/protocol/job.js';
-import type { LocalSlotSource } from '../../src/slots/local-slot-source.js';
-import { BrokerPeer, jobs } from '../helpers/broker-peer.js';
+import { jobs } from '../helpers/broker-peer.js';
 import { eventually, within } from '../helpers/wait.js';
+import { serveNative, type ServedNative } from '../helpers/serve-native.js';
 import { CONTRACT_COMMANDS, CONTRACT_SERVICES } from './broker-contract.js';
 
 const WG = 'main';
 
-async function serve(t: Test, opts: { processes?: number; clock?: ManualClock; sendServerIp?: boolean } = {}): Promise<{ server: Execserver; url: string; source: LocalSlotSource; peer(): Promise<BrokerPeer> }> {
+async function serve(t: Test, opts: { processes?: number; clock?: ManualClock; sendServerIp?: boolean } = {}): Promise<ServedNative> {
   const config = parseServeConfig({
     listen: '127.0.0.1:0',
     name: 'legacy-test',
@@ -27,23 +26,7 @@ async function serve(t: Test, opts: { processes?: number; clock?: ManualClock; s
     services: CONTRACT_SERVICES,
     tokenResponseSendServerIP: opts.sendServerIp ?? false,
   });
-  const server = await createExecserver({ config, ...(opts.clock ? { clock: opts.clock } : {}) });
-  const url = await server.listen();
-  const peers: BrokerPeer[] = [];
-  t.teardown(async () => {
-    for (const p of peers) p.terminate();
-    await server.close();
-  });
-  return {
-    server,
-    url,
-    source: server.source as LocalSlotSource,
-    async peer() {
-      const p = await BrokerPeer.connect(url);
-      peers.push(p);
-      return p;
-    },
-  };
+  return serveNative(t, config, opts.clock);
 }
 
 async function getToken(url: string, service: string): Promise<{ status: number; body: Record<string, unknown>; retryAfter: string | null }> {
