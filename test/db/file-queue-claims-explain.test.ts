@@ -47,7 +47,8 @@ t.test('EXPLAIN ANALYZE of the claim query at 1M rows', async (t) => {
   t.match(b.plan, /Index Scan using file_queue_queued_local_idx/);
   t.notMatch(b.plan, /Seq Scan/);
   t.match(b.plan, /Update on file_queue f .*rows=12 loops=1/, 'twelve rows claimed');
-  t.ok(b.ms < 50, `executes in ${b.ms} ms`);
+  // Time is a benchmark's business, not a test's: it is printed (docs/dispatcher.md quotes it), never asserted.
+  t.comment(`claim executes in ${b.ms} ms`);
 
   // The idle poll: nothing queued (everything done), the common case of a quiet fleet.
   await pool.query(`UPDATE file_queue SET state = 'done' WHERE state = 'queued'`);
@@ -56,5 +57,5 @@ t.test('EXPLAIN ANALYZE of the claim query at 1M rows', async (t) => {
   const i = await explain(pool, idle.text, idle.values);
   t.comment(`idle poll, 1M done rows, nothing queued:\n${i.plan}`);
   t.notMatch(i.plan, /Seq Scan/);
-  t.ok(i.ms < 5, `idle poll executes in ${i.ms} ms`);
+  t.comment(`idle poll executes in ${i.ms} ms`);
 });
