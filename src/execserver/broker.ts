@@ -29,7 +29,6 @@ import {
   type ExecMessage,
   type HelloMessage,
   type JobMessage,
-  PROTOCOL_VERSION,
   type PositionMessage,
   type WantMessage,
 } from '../protocol/messages.js';
@@ -46,6 +45,7 @@ import {
   type RunningJob,
 } from './broker-connection.js';
 import { type BrokerReportView, type BrokerStatus, positionOf, type RunningByPriority, runningByPriorityOf, statusOf } from './broker-reports.js';
+import { buildHello, helloSignature } from './hello.js';
 import { RunStats } from './run-stats.js';
 
 export type { BrokerStatus, RunningByPriority, WaitgroupStatus } from './broker-reports.js';
@@ -474,37 +474,19 @@ export class Broker {
   // ---------------------------------------------------------------- HELLO
 
   hello(): HelloMessage {
-    const services: Record<string, string> = {};
-    for (const [svc, def] of Object.entries(this.config.services)) services[svc] = def.waitgroup;
-    const waitgroups: HelloMessage['waitgroups'] = {};
-    for (const wg of Object.keys(this.config.waitgroups)) {
-      waitgroups[wg] = { processes: this.source.processes(wg), running: this.source.running(wg), parked: this.book.parked(wg) };
-    }
-    return {
-      type: 'HELLO',
-      protocol: PROTOCOL_VERSION,
-      instance_id: this.instanceId,
-      name: this.config.name,
-      services,
-      waitgroups,
+    return buildHello({
+      config: this.config,
+      source: this.source,
+      book: this.book,
+      instanceId: this.instanceId,
       clients: this.#connections.size,
       draining: this.#draining,
-    };
-  }
-
-  /**
-   * What makes a HELLO worth re-sending: services, processes, clients, draining. `running` and
-   * `parked` change with every job and are not part of it (idle silence, rule 4; a fylr asks
-   * with QUERY when it wants counts).
-   */
-  static #signature(h: HelloMessage): string {
-    const processes = Object.entries(h.waitgroups).map(([wg, s]) => `${wg}=${s.processes}`);
-    return JSON.stringify([h.services, processes, h.clients, h.draining]);
+    });
   }
 
   #sendHello(conn: BrokerConnection): void {
     const h = this.hello();
-    conn.lastHelloSignature = Broker.#signature(h);
+    conn.lastHelloSignature = helloSignature(h);
     conn.lastHelloAt = this.clock.now();
     this.#send(conn, h);
   }
@@ -512,7 +494,7 @@ export class Broker {
   /** Re-sends HELLO to every connection whose view is stale, at most every 100 ms each. */
   helloChanged(): void {
     if (this.#connections.size === 0) return;
-    const signature = Broker.#signature(this.hello());
+    const signature = helloSignature(this.hello());
     for (const conn of this.#connections.values()) {
       if (conn.lastHelloSignature === signature || conn.helloTimer !== undefined) continue;
       const wait = conn.lastHelloAt + HELLO_MIN_INTERVAL_MS - this.clock.now();
@@ -524,7 +506,7 @@ export class Broker {
         conn.helloTimer = undefined;
         if (conn.closed) return;
         // The latest state, and nothing if it changed back in the meantime.
-        if (conn.lastHelloSignature !== Broker.#signature(this.hello())) this.#sendHello(conn);
+        if (conn.lastHelloSignature !== helloSignature(this.hello())) this.#sendHello(conn);
       }, wait);
     }
   }
