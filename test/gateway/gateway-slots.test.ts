@@ -167,6 +167,8 @@ t.test('a token nobody wants any more is given back at once (redeemed with a job
   p.unwant('j1');
   await eventually(() => a.counters.emptyJobs.echo === 1, { what: 'the give-back PUT', timeoutMs: 2000 });
   t.equal(a.counters.tokensExpired, 0, 'not left to lapse');
+  // The backend counts the give-back before its answer reaches the gateway: wait for that answer.
+  await eventually(() => gatewayStatus(gw).tokens.returning === 0, { what: 'the give-back answered', timeoutMs: 2000 });
   t.same(gatewayStatus(gw).tokens, { free: 0, offered: 0, running: 0, returning: 0 });
   // The backend's slot is free at once: an old fylr asking it directly gets a token.
   const res = await fetch(`${a.url}/token/echo`);
