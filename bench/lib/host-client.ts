@@ -71,6 +71,11 @@ export class BenchHost {
     return this.#call({ op: 'start', kind, config, holdMs });
   }
 
+  /** A bare TCP relay (bench/lib/relay-floor.ts) in front of `target`. */
+  startRelay(target: string): Promise<HostedServer> {
+    return this.#call({ op: 'start', kind: 'relay', target });
+  }
+
   counters(server: HostedServer): Promise<HostCounters> {
     return this.#call({ op: 'counters', server: server.id });
   }

@@ -4,6 +4,7 @@
  * It answers requests over the IPC channel:
  *
  *   start {kind: native | legacy | gateway | floor, config, holdMs}  -> {id, url}
+ *   start {kind: relay, target}  -> {id, url}   (the bare TCP relay in front of `target`)
  *   counters {id}        -> requests and websocket frames seen by that server so far
  *   handoffs {id, reset} -> hand-off samples (TimingSource / FloorServer), ms
  *   stop {id}            -> closes it
@@ -24,9 +25,10 @@ import { LocalSlotSource } from '../../src/slots/local-slot-source.js';
 import { systemClock } from '../../src/clock.js';
 import type { WebSocket, WebSocketServer } from 'ws';
 import { FloorServer } from './floor-server.js';
+import { RelayFloor } from './relay-floor.js';
 import { TimingSource } from './timing-source.js';
 
-export type HostKind = 'native' | 'legacy' | 'gateway' | 'floor';
+export type HostKind = 'native' | 'legacy' | 'gateway' | 'floor' | 'relay';
 
 export interface HostCounters {
   http_requests: number;
@@ -163,6 +165,16 @@ async function startFloor(config: ServeConfig, holdMs: number): Promise<Hosted> 
   };
 }
 
+async function startRelay(target: string): Promise<Hosted> {
+  const { relay, url } = await RelayFloor.start(target);
+  return {
+    url,
+    counters: () => ({ http_requests: 0, ws_upgrades: relay.connections, frames_in: 0, frames_out: 0, jobs: 0, empty_jobs: 0 }),
+    handoffs: () => [],
+    close: () => relay.close(),
+  };
+}
+
 /** GC pauses of this process (PerformanceObserver 'gc': no timers, so it adds no wake-ups). */
 export interface GcStats {
   count: number;
@@ -192,6 +204,8 @@ interface Request {
   holdMs?: number;
   server?: number;
   reset?: boolean;
+  /** kind relay: the backend it relays to. */
+  target?: string;
 }
 
 function hosted(id: number | undefined): Hosted {
@@ -203,6 +217,12 @@ function hosted(id: number | undefined): Hosted {
 async function handle(req: Request): Promise<unknown> {
   switch (req.op) {
     case 'start': {
+      if (req.kind === 'relay') {
+        if (req.target === undefined) throw new Error('start relay: no target');
+        const id = nextId++;
+        servers.set(id, await startRelay(req.target));
+        return { id, url: (servers.get(id) as Hosted).url };
+      }
       const config = parseServeConfig(req.config);
       const holdMs = req.holdMs ?? 0;
       const s =

@@ -3,6 +3,9 @@
  * through, three ways, each in its own bench host process for the servers:
  * - direct: the old client's PUT /job to a legacy execserver (request body = stdin, response
  *   body = stdout; legacy/fylr/polling-client.ts acquireAndRun);
+ * - relay floor: the same PUT through a bare TCP relay (bench/lib/relay-floor.ts) in the front
+ *   host, where the gateway sits: the floor for any process in the path, since every byte is
+ *   read and written once more each way and nothing else is done;
  * - gateway: the new fylr client (src/fylr/exec-client.ts ExecClient + PipeServer on a listener
  *   in this process) over /broker to a gateway in front of that legacy execserver: the gateway
  *   GETs the in-pipe into its PUT to the backend and PUTs the backend's answer to the out-pipe;
@@ -29,7 +32,7 @@ import { cpuOf } from '../lib/proc.js';
 import { median } from '../lib/stats.js';
 
 export interface StreamingMode {
-  mode: 'direct' | 'gateway' | 'native';
+  mode: 'direct' | 'relay floor' | 'gateway' | 'native';
   reps: number[];
   mb_per_sec: number;
   /** CPU seconds per GB moved, summed over every process of the path (this one, the bench hosts, cat). */
@@ -45,6 +48,8 @@ export interface StreamingResult {
   modes: StreamingMode[];
   /** gateway / direct */
   gateway_vs_direct: number;
+  /** relay floor / direct: what one more process in the path costs at the least */
+  relay_vs_direct: number;
   native_vs_direct: number;
 }
 
@@ -158,6 +163,10 @@ export async function runStreaming(o: BenchOptions, bytes = o.quick ? 64 * 2 ** 
     const pids = [process.pid, backendHost.pid, frontHost.pid];
     modes.push(await reps(o, 'direct', bytes, pids, () => direct(backend.url, bytes)));
 
+    const relay = await frontHost.startRelay(backend.url);
+    modes.push(await reps(o, 'relay floor', bytes, pids, () => direct(relay.url, bytes)));
+    await frontHost.stopServer(relay);
+
     const gateway = await frontHost.start('gateway', gatewayFor(like, [backend.url]));
     const gc = await newClient(gateway.url);
     modes.push(await reps(o, 'gateway', bytes, pids, (i) => viaClient(gc.client, bytes, i)));
@@ -175,5 +184,5 @@ export async function runStreaming(o: BenchOptions, bytes = o.quick ? 64 * 2 ** 
     await backendHost.close();
   }
   const get = (m: StreamingMode['mode']): number => modes.find((x) => x.mode === m)?.mb_per_sec ?? Number.NaN;
-  return { bytes, size_note: sizeNote, modes, gateway_vs_direct: get('gateway') / get('direct'), native_vs_direct: get('native') / get('direct') };
+  return { bytes, size_note: sizeNote, modes, gateway_vs_direct: get('gateway') / get('direct'), relay_vs_direct: get('relay floor') / get('direct'), native_vs_direct: get('native') / get('direct') };
 }

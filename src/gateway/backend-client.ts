@@ -4,9 +4,11 @@
  * (`{"Error": "Token not found", "Status": 400}`) are translated here, once, into SlotgateErrors
  * with codes of src/errors.ts; nothing else in the gateway reads legacy error text.
  */
-import { translateLegacyError } from '../protocol/legacy-wire.js';
+import http from 'node:http';
+import https from 'node:https';
 import type { Readable } from 'node:stream';
 import { Agent, type Dispatcher, request } from 'undici';
+import { translateLegacyError } from '../protocol/legacy-wire.js';
 import { SlotgateError } from '../errors.js';
 import { isPlainObject, type JobSpec } from '../protocol/job.js';
 
@@ -42,6 +44,19 @@ export interface PutOptions {
   /** The request body (body-mode stdin); absent: an empty body. */
   body?: Readable;
   signal: AbortSignal;
+}
+
+/** A backend's answer to `PUT /job`: the status and the body as a stream (stdout in body mode). */
+export interface PutAnswer {
+  statusCode: number;
+  body: Readable;
+}
+
+/** The whole of a (small) answer body as text. */
+export async function readText(body: Readable): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of body as AsyncIterable<Buffer>) chunks.push(chunk);
+  return Buffer.concat(chunks).toString('utf8');
 }
 
 export class BackendClient {
@@ -91,23 +106,53 @@ export class BackendClient {
   /**
    * `PUT /job/{service}?job=...` at `target` (this backend, or the replica its token named). The
    * caller reads the answer; transport failures throw a SlotgateError `backend_failed`.
+   *
+   * node:http rather than undici, for the same reason as src/slots/pipe-io.ts: the body-mode
+   * stdin streams straight into the request and stdout straight out of the response, with no
+   * PassThrough and no wasm parser in between (bench/README.md, streaming). One connection per
+   * job, as the old fylr did: an old execserver answers `Connection: close` anyway. Only the
+   * connect is bounded (TOKEN_REQUEST_TIMEOUT_MS); a job may run for hours and the relay keeps
+   * its own deadline through `signal`.
    */
-  async putJob(target: string, service: string, job: JobSpec, opts: PutOptions): Promise<Dispatcher.ResponseData> {
-    try {
-      return await request(`${target}${jobPath(service, job)}`, {
+  putJob(target: string, service: string, job: JobSpec, opts: PutOptions): Promise<PutAnswer> {
+    return new Promise<PutAnswer>((resolve, reject) => {
+      let url: URL;
+      try {
+        url = new URL(`${target}${jobPath(service, job)}`);
+      } catch (e) {
+        reject(unreachable(target, 'PUT /job', e));
+        return;
+      }
+      const client = url.protocol === 'https:' ? (https as unknown as typeof http) : http;
+      const req = client.request(url, {
         method: 'PUT',
-        dispatcher: this.#dispatcher,
-        body: opts.body ?? '',
+        agent: false,
         signal: opts.signal,
         headers: opts.body ? { 'content-type': 'application/octet-stream' } : {},
-        // A job may run for hours; the relay keeps its own deadline.
-        headersTimeout: 0,
-        bodyTimeout: 0,
       });
-    } catch (e) {
-      if (e instanceof SlotgateError) throw e;
-      throw unreachable(target, 'PUT /job', e);
-    }
+      let answered = false;
+      req.on('socket', (socket) => {
+        if (!socket.connecting) return;
+        socket.setTimeout(TOKEN_REQUEST_TIMEOUT_MS, () => req.destroy(new Error(`connect timed out after ${TOKEN_REQUEST_TIMEOUT_MS} ms`)));
+        socket.once('connect', () => socket.setTimeout(0));
+      });
+      req.on('response', (res) => {
+        answered = true;
+        resolve({ statusCode: res.statusCode ?? 0, body: res });
+      });
+      // Before the answer a failure is the PUT's; after it, the answer's stream carries it.
+      req.on('error', (e) => {
+        if (!answered) reject(unreachable(target, 'PUT /job', e));
+      });
+      if (opts.body) {
+        // Headers first, so the backend starts the job before stdin's first byte arrives.
+        req.flushHeaders();
+        // A backend may answer (a refusal) before it read the body: the rest is not sent.
+        opts.body.pipe(req);
+      } else {
+        req.end();
+      }
+    });
   }
 
   /** Does `target` answer `GET /healthz` with 200? Never throws. */

@@ -26,7 +26,7 @@ import { failedReceipt, type JobSpec, okReceipt, type Receipt, STDOUT_PREFIX_BYT
 import { BodyOutput } from '../slots/output-body.js';
 import { PrefixCapture } from '../slots/output-capture.js';
 import type { JobIo } from '../slots/slot-source.js';
-import { type BackendClient, legacyErrorOf } from './backend-client.js';
+import { type BackendClient, legacyErrorOf, readText } from './backend-client.js';
 
 /** How long past the job's own timeout the relay waits for the backend's answer. */
 export const RELAY_GRACE_MS = 30_000;
@@ -153,7 +153,7 @@ export async function relayJob(t: RelayTarget, job: JobSpec, io: JobIo, opts: Re
 
     let text: string;
     try {
-      text = await res.body.text();
+      text = await readText(res.body);
     } catch (e) {
       return { receipt: failure(e), tokenSpent: true };
     }
