@@ -3,16 +3,24 @@
  * `GET /token/{service}`, `PUT /job/{service}?job=...` and the give-back. The legacy error bodies
  * (`{"Error": "Token not found", "Status": 400}`) are translated here, once, into SlotgateErrors
  * with codes of src/errors.ts; nothing else in the gateway reads legacy error text.
+ *
+ * node:http, one connection per request, as the old fylr did: an old execserver answers
+ * `Connection: close` to everything, so a keep-alive pool only ever held sockets about to close
+ * (undici turned each such close into an error object with a stack trace, ~1 % of the gateway's
+ * time at 1,000 jobs/s), and the body-mode stdin and stdout stream straight between the pipes
+ * and the backend with no PassThrough or wasm parser in between (bench/README.md).
  */
 import http from 'node:http';
 import https from 'node:https';
 import type { Readable } from 'node:stream';
-import { Agent, type Dispatcher, request } from 'undici';
-import { translateLegacyError } from '../protocol/legacy-wire.js';
 import { SlotgateError } from '../errors.js';
+import { translateLegacyError } from '../protocol/legacy-wire.js';
 import { isPlainObject, type JobSpec } from '../protocol/job.js';
 
-/** How long a token request or a give-back may take before it counts as failed. */
+/**
+ * How long a token request or a give-back may go without progress (connecting, or waiting for
+ * answer bytes) before it counts as failed; a job's PUT is bounded like that only while it connects.
+ */
 export const TOKEN_REQUEST_TIMEOUT_MS = 5000;
 
 export type TokenAnswer =
@@ -20,9 +28,10 @@ export type TokenAnswer =
   | { kind: 'token'; token: string; serviceUrl: string | null }
   | { kind: 'busy' };
 
-/** One dispatcher for all backends of a gateway: connection pools per origin, bounded connect time. */
-export function backendDispatcher(): Agent {
-  return new Agent({ connect: { timeout: TOKEN_REQUEST_TIMEOUT_MS }, keepAliveTimeout: 4000 });
+/** A backend's answer: the status and the body as a stream (stdout of a body-mode job). */
+export interface BackendAnswer {
+  statusCode: number;
+  body: Readable;
 }
 
 /** A legacy error answer as a typed error. */
@@ -40,18 +49,6 @@ export function jobPath(service: string, job: JobSpec): string {
   return `/job/${encodeURIComponent(service)}?job=${encodeURIComponent(JSON.stringify(job))}`;
 }
 
-export interface PutOptions {
-  /** The request body (body-mode stdin); absent: an empty body. */
-  body?: Readable;
-  signal: AbortSignal;
-}
-
-/** A backend's answer to `PUT /job`: the status and the body as a stream (stdout in body mode). */
-export interface PutAnswer {
-  statusCode: number;
-  body: Readable;
-}
-
 /** The whole of a (small) answer body as text. */
 export async function readText(body: Readable): Promise<string> {
   const chunks: Buffer[] = [];
@@ -59,14 +56,79 @@ export async function readText(body: Readable): Promise<string> {
   return Buffer.concat(chunks).toString('utf8');
 }
 
+interface SendOptions {
+  /** The request body, streamed (body-mode stdin); absent: an empty body. */
+  body?: Readable;
+  signal?: AbortSignal;
+  /** The whole exchange is bounded by TOKEN_REQUEST_TIMEOUT_MS of no progress; else only the connect. */
+  short: boolean;
+}
+
+/**
+ * One request. Resolves with the answer once its head arrived; a failure before that rejects
+ * (the caller wraps it), a failure after it errors the answer's stream.
+ */
+function send(method: 'GET' | 'PUT', url: string, opts: SendOptions): Promise<BackendAnswer> {
+  return new Promise<BackendAnswer>((resolve, reject) => {
+    let target: URL;
+    try {
+      target = new URL(url);
+    } catch (e) {
+      reject(e);
+      return;
+    }
+    const client = target.protocol === 'https:' ? (https as unknown as typeof http) : http;
+    const req = client.request(target, {
+      method,
+      agent: false,
+      ...(opts.signal ? { signal: opts.signal } : {}),
+      headers: opts.body ? { 'content-type': 'application/octet-stream' } : {},
+    });
+    let answered = false;
+    const timedOut = (): void => {
+      req.destroy(new Error(`no progress for ${TOKEN_REQUEST_TIMEOUT_MS} ms`));
+    };
+    req.on('socket', (socket) => {
+      socket.setTimeout(TOKEN_REQUEST_TIMEOUT_MS, timedOut);
+      // A job may run for hours without a byte of output; its relay keeps the deadline.
+      if (!opts.short) socket.once('connect', () => socket.setTimeout(0));
+    });
+    req.on('response', (res) => {
+      answered = true;
+      resolve({ statusCode: res.statusCode ?? 0, body: res });
+    });
+    req.on('error', (e) => {
+      if (!answered) reject(e);
+    });
+    if (opts.body) {
+      // Headers first, so the backend starts the job before stdin's first byte arrives.
+      req.flushHeaders();
+      // A backend may answer (a refusal) before it read the body: the rest is not sent.
+      opts.body.pipe(req);
+    } else {
+      req.end();
+    }
+  });
+}
+
+/** A short exchange's status and whole body. */
+async function exchange(method: 'GET' | 'PUT', url: string, signal?: AbortSignal): Promise<{ status: number; text: string }> {
+  const res = await send(method, url, { short: true, ...(signal ? { signal } : {}) });
+  return { status: res.statusCode, text: await readText(res.body) };
+}
+
+export interface PutOptions {
+  /** The request body (body-mode stdin); absent: an empty body. */
+  body?: Readable;
+  signal: AbortSignal;
+}
+
 export class BackendClient {
   /** The configured URL, without a trailing slash. */
   readonly url: string;
-  readonly #dispatcher: Dispatcher;
 
-  constructor(url: string, dispatcher: Dispatcher) {
+  constructor(url: string) {
     this.url = url.replace(/\/+$/, '');
-    this.#dispatcher = dispatcher;
   }
 
   /**
@@ -77,15 +139,7 @@ export class BackendClient {
     let status: number;
     let text: string;
     try {
-      const res = await request(`${base}/token/${encodeURIComponent(service)}`, {
-        method: 'GET',
-        dispatcher: this.#dispatcher,
-        headersTimeout: TOKEN_REQUEST_TIMEOUT_MS,
-        bodyTimeout: TOKEN_REQUEST_TIMEOUT_MS,
-        ...(signal ? { signal } : {}),
-      });
-      status = res.statusCode;
-      text = await res.body.text();
+      ({ status, text } = await exchange('GET', `${base}/token/${encodeURIComponent(service)}`, signal));
     } catch (e) {
       throw unreachable(base, 'GET /token', e);
     }
@@ -105,67 +159,21 @@ export class BackendClient {
 
   /**
    * `PUT /job/{service}?job=...` at `target` (this backend, or the replica its token named). The
-   * caller reads the answer; transport failures throw a SlotgateError `backend_failed`.
-   *
-   * node:http rather than undici, for the same reason as src/slots/pipe-io.ts: the body-mode
-   * stdin streams straight into the request and stdout straight out of the response, with no
-   * PassThrough and no wasm parser in between (bench/README.md, streaming). One connection per
-   * job, as the old fylr did: an old execserver answers `Connection: close` anyway. Only the
-   * connect is bounded (TOKEN_REQUEST_TIMEOUT_MS); a job may run for hours and the relay keeps
-   * its own deadline through `signal`.
+   * caller reads the answer; transport failures throw a SlotgateError `backend_failed`. Only the
+   * connect is bounded here; the relay keeps the job's deadline through `signal`.
    */
-  putJob(target: string, service: string, job: JobSpec, opts: PutOptions): Promise<PutAnswer> {
-    return new Promise<PutAnswer>((resolve, reject) => {
-      let url: URL;
-      try {
-        url = new URL(`${target}${jobPath(service, job)}`);
-      } catch (e) {
-        reject(unreachable(target, 'PUT /job', e));
-        return;
-      }
-      const client = url.protocol === 'https:' ? (https as unknown as typeof http) : http;
-      const req = client.request(url, {
-        method: 'PUT',
-        agent: false,
-        signal: opts.signal,
-        headers: opts.body ? { 'content-type': 'application/octet-stream' } : {},
-      });
-      let answered = false;
-      req.on('socket', (socket) => {
-        if (!socket.connecting) return;
-        socket.setTimeout(TOKEN_REQUEST_TIMEOUT_MS, () => req.destroy(new Error(`connect timed out after ${TOKEN_REQUEST_TIMEOUT_MS} ms`)));
-        socket.once('connect', () => socket.setTimeout(0));
-      });
-      req.on('response', (res) => {
-        answered = true;
-        resolve({ statusCode: res.statusCode ?? 0, body: res });
-      });
-      // Before the answer a failure is the PUT's; after it, the answer's stream carries it.
-      req.on('error', (e) => {
-        if (!answered) reject(unreachable(target, 'PUT /job', e));
-      });
-      if (opts.body) {
-        // Headers first, so the backend starts the job before stdin's first byte arrives.
-        req.flushHeaders();
-        // A backend may answer (a refusal) before it read the body: the rest is not sent.
-        opts.body.pipe(req);
-      } else {
-        req.end();
-      }
-    });
+  async putJob(target: string, service: string, job: JobSpec, opts: PutOptions): Promise<BackendAnswer> {
+    try {
+      return await send('PUT', `${target}${jobPath(service, job)}`, { short: false, signal: opts.signal, ...(opts.body ? { body: opts.body } : {}) });
+    } catch (e) {
+      throw unreachable(target, 'PUT /job', e);
+    }
   }
 
   /** Does `target` answer `GET /healthz` with 200? Never throws. */
   async alive(target: string): Promise<boolean> {
     try {
-      const res = await request(`${target}/healthz`, {
-        method: 'GET',
-        dispatcher: this.#dispatcher,
-        headersTimeout: TOKEN_REQUEST_TIMEOUT_MS,
-        bodyTimeout: TOKEN_REQUEST_TIMEOUT_MS,
-      });
-      await res.body.dump();
-      return res.statusCode === 200;
+      return (await exchange('GET', `${target}/healthz`)).status === 200;
     } catch {
       return false;
     }
@@ -180,15 +188,7 @@ export class BackendClient {
     let status: number;
     let text: string;
     try {
-      const res = await request(`${target}${jobPath(service, { service, commands: [], token })}`, {
-        method: 'PUT',
-        dispatcher: this.#dispatcher,
-        body: '',
-        headersTimeout: TOKEN_REQUEST_TIMEOUT_MS,
-        bodyTimeout: TOKEN_REQUEST_TIMEOUT_MS,
-      });
-      status = res.statusCode;
-      text = await res.body.text();
+      ({ status, text } = await exchange('PUT', `${target}${jobPath(service, { service, commands: [], token })}`));
     } catch (e) {
       throw unreachable(target, 'give-back PUT /job', e);
     }

@@ -4,7 +4,6 @@
  * backend; a waitgroup it does not list has no slots there), the tokens the gateway holds from it,
  * and counters for /status.
  */
-import type { Dispatcher } from 'undici';
 import type { ServeConfig } from '../config/types.js';
 import { BackendClient } from './backend-client.js';
 
@@ -35,9 +34,9 @@ export class Backend {
   tokensGivenBack = 0;
   lastError: string | null = null;
 
-  constructor(index: number, url: string, processes: Record<string, number>, dispatcher: Dispatcher) {
+  constructor(index: number, url: string, processes: Record<string, number>) {
     this.index = index;
-    this.client = new BackendClient(url, dispatcher);
+    this.client = new BackendClient(url);
     this.#processes = processes;
   }
 
@@ -85,6 +84,6 @@ export class Backend {
   }
 }
 
-export function backendsOf(config: ServeConfig, dispatcher: Dispatcher): Backend[] {
-  return config.backends.map((b, i) => new Backend(i, b.url, { ...(b.waitgroups ?? config.waitgroups) }, dispatcher));
+export function backendsOf(config: ServeConfig): Backend[] {
+  return config.backends.map((b, i) => new Backend(i, b.url, { ...(b.waitgroups ?? config.waitgroups) }));
 }

@@ -31,7 +31,6 @@ import { LEGACY_TOKEN_TTL_MS, type ServeConfig } from '../config/types.js';
 import { failedReceipt, type JobSpec, type Receipt } from '../protocol/job.js';
 import type { DemandView, JobIo, Slot, SlotSource } from '../slots/slot-source.js';
 import { type Backend, type BackendStatus, backendsOf } from './backend.js';
-import { backendDispatcher } from './backend-client.js';
 import { relayJob } from './job-relay.js';
 import { acceptServiceUrl } from './replica-url.js';
 import { type TokenGrant, TokenPump } from './token-pump.js';
@@ -78,7 +77,6 @@ export class GatewaySlotSource implements SlotSource {
   readonly backends: readonly Backend[];
   readonly #config: ServeConfig;
   readonly #clock: Clock;
-  readonly #dispatcher = backendDispatcher();
   readonly #pump: TokenPump;
   readonly #tokens = new Map<number, HeldToken>();
   readonly #returning = new Set<Promise<void>>();
@@ -94,7 +92,7 @@ export class GatewaySlotSource implements SlotSource {
   constructor(opts: GatewaySlotSourceOptions) {
     this.#config = opts.config;
     this.#clock = opts.clock;
-    this.backends = backendsOf(opts.config, this.#dispatcher);
+    this.backends = backendsOf(opts.config);
     this.#pump = new TokenPump({
       backends: this.backends,
       clock: opts.clock,
@@ -365,6 +363,5 @@ export class GatewaySlotSource implements SlotSource {
     this.#pump.close();
     for (const t of [...this.#tokens.values()]) if (t.state === 'free' || t.state === 'offered') this.#giveBack(t);
     while (this.#work.size > 0 || this.#returning.size > 0) await Promise.allSettled([...this.#work, ...this.#returning]);
-    await this.#dispatcher.close().catch(() => undefined);
   }
 }

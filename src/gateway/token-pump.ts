@@ -3,8 +3,8 @@
  * requests, rate-limited so that the load on the backends does not grow with the number of
  * waiting jobs.
  *
- *   request(wg, svc, n) ─► for each backend in turn (the start rotates), while n > 0:
- *        skip it if: it has no slot in wg · a request for (backend, svc) is in flight ·
+ *   request(wg, svc, n) ─► over the backends in turn (the start rotates), while n > 0:
+ *        skip one if: it has no slot in wg · (backend, svc) has its limit in flight ·
  *                    (backend, wg) is paused · the gateway already holds all its slots in wg
  *        else GET /token ──200──► onToken(grant), onReady(wg)        (the caller may ask again)
  *                        ──503 / unreachable──► pause (backend, wg) for poll_interval_ms
@@ -13,7 +13,14 @@
  *   wake(backend, wg): a slot there just freed (a relayed job ended, a token came back):
  *        the pause ends now, so the next request does not wait for the poll.
  *
- * Invariants: at most one request in flight per (backend, service); after a 503 a backend hears
+ * The limit in flight per (backend, service) is 1, and MAX_TOKEN_REQUESTS_IN_FLIGHT while that
+ * pair's last answer was a token: a backend that just had a slot to spare likely has more, and
+ * one request at a time (a new TCP connection each, ~1 ms) capped the gateway near 1,000 jobs/s
+ * however many slots stood free (bench/README.md). A 503 or a failure drops it back to 1, so a
+ * full backend is never asked more than once per poll interval and waitgroup.
+ *
+ * Invariants: at most MAX_TOKEN_REQUESTS_IN_FLIGHT requests in flight per (backend, service),
+ * never more than the slots the gateway does not hold there; after a 503 a backend hears
  * from this pump again for that waitgroup only after poll_interval_ms or a wake. The pump never
  * asks on its own: every request comes from `request()`, which the slot source calls only while
  * wants are parked, so an idle gateway sends nothing.
@@ -22,6 +29,9 @@ import type { Clock, TimerHandle } from '../clock.js';
 import { SlotgateError } from '../errors.js';
 import type { Backend } from './backend.js';
 import { acceptServiceUrl } from './replica-url.js';
+
+/** Token requests in flight per (backend, service) while its answers are tokens. */
+export const MAX_TOKEN_REQUESTS_IN_FLIGHT = 4;
 
 export interface TokenGrant {
   backend: Backend;
@@ -47,8 +57,10 @@ export interface TokenPumpOptions {
 export class TokenPump {
   readonly #opts: TokenPumpOptions;
   readonly #urls: string[];
-  /** `${backend}|${service}` -> the request in flight. */
-  readonly #inflight = new Map<string, AbortController>();
+  /** `${backend}|${service}` -> the requests in flight. */
+  readonly #inflight = new Map<string, Set<AbortController>>();
+  /** `${backend}|${service}` pairs whose last answer was a token: they may have several in flight. */
+  readonly #streak = new Set<string>();
   /** `${backend}|${waitgroup}` -> requests in flight. */
   readonly #inflightByGroup = new Map<string, number>();
   /** `${backend}|wg|${waitgroup}` or `${backend}|svc|${service}` -> the timer that ends the pause. */
@@ -75,11 +87,17 @@ export class TokenPump {
     const start = this.#cursor.get(waitgroup) ?? 0;
     this.#cursor.set(waitgroup, (start + 1) % backends.length);
     let started = 0;
-    for (let i = 0; i < backends.length && started < count; i++) {
-      const b = backends[(start + i) % backends.length] as Backend;
-      if (!this.#mayAsk(b, waitgroup, service)) continue;
-      void this.#ask(b, waitgroup, service);
-      started++;
+    // Passes over the backends, one request each, so that several go to different backends
+    // before any backend gets a second one.
+    for (let progress = true; progress && started < count; ) {
+      progress = false;
+      for (let i = 0; i < backends.length && started < count; i++) {
+        const b = backends[(start + i) % backends.length] as Backend;
+        if (!this.#mayAsk(b, waitgroup, service)) continue;
+        void this.#ask(b, waitgroup, service);
+        started++;
+        progress = true;
+      }
     }
     return started;
   }
@@ -87,7 +105,9 @@ export class TokenPump {
   #mayAsk(b: Backend, waitgroup: string, service: string): boolean {
     const processes = b.processes(waitgroup);
     if (processes <= 0) return false;
-    if (this.#inflight.has(`${b.index}|${service}`)) return false;
+    const key = `${b.index}|${service}`;
+    const limit = this.#streak.has(key) ? MAX_TOKEN_REQUESTS_IN_FLIGHT : 1;
+    if ((this.#inflight.get(key)?.size ?? 0) >= limit) return false;
     if (this.#pauses.has(`${b.index}|wg|${waitgroup}`) || this.#pauses.has(`${b.index}|svc|${service}`)) return false;
     return b.held(waitgroup) + (this.#inflightByGroup.get(`${b.index}|${waitgroup}`) ?? 0) < processes;
   }
@@ -114,29 +134,35 @@ export class TokenPump {
     const key = `${b.index}|${service}`;
     const groupKey = `${b.index}|${waitgroup}`;
     const abort = new AbortController();
-    this.#inflight.set(key, abort);
+    const inflight = this.#inflight.get(key) ?? new Set<AbortController>();
+    inflight.add(abort);
+    this.#inflight.set(key, inflight);
     this.#inflightByGroup.set(groupKey, (this.#inflightByGroup.get(groupKey) ?? 0) + 1);
     const askedAt = this.#opts.clock.now();
     let grant: TokenGrant | null = null;
     try {
       const answer = await b.client.getToken(service, abort.signal);
       if (answer.kind === 'busy') {
+        this.#streak.delete(key);
         b.countTokenRequest('503');
         this.#pause(`${b.index}|wg|${waitgroup}`, waitgroup);
       } else {
         const target = answer.serviceUrl === null ? b.url : acceptServiceUrl(answer.serviceUrl, b.url, this.#urls);
         if (target === null) {
+          this.#streak.delete(key);
           // Not an address the gateway may use: the token lapses on its own at that replica.
           b.countTokenRequest('refused_service_url');
           b.lastError = `token response named ${JSON.stringify(answer.serviceUrl)}, which the gateway does not address (docs/gateway.md)`;
           this.#pause(`${b.index}|wg|${waitgroup}`, waitgroup);
         } else {
+          this.#streak.add(key);
           b.countTokenRequest('200');
           b.sawReplica(target);
           grant = { backend: b, waitgroup, service, token: answer.token, target, askedAt };
         }
       }
     } catch (e) {
+      this.#streak.delete(key);
       const err = e instanceof SlotgateError ? e : new SlotgateError('backend_failed', String(e));
       if (!this.#closed) {
         b.lastError = err.message;
@@ -149,7 +175,8 @@ export class TokenPump {
         }
       }
     } finally {
-      this.#inflight.delete(key);
+      inflight.delete(abort);
+      if (inflight.size === 0) this.#inflight.delete(key);
       const n = (this.#inflightByGroup.get(groupKey) ?? 1) - 1;
       if (n > 0) this.#inflightByGroup.set(groupKey, n);
       else this.#inflightByGroup.delete(groupKey);
@@ -169,6 +196,6 @@ export class TokenPump {
     this.#closed = true;
     for (const p of this.#pauses.values()) this.#opts.clock.clearTimeout(p.timer);
     this.#pauses.clear();
-    for (const a of this.#inflight.values()) a.abort(new Error('gateway closing'));
+    for (const set of this.#inflight.values()) for (const a of set) a.abort(new Error('gateway closing'));
   }
 }
