@@ -4,7 +4,7 @@
  * start with one line on stderr naming the key, and exit code 2.
  */
 import { ConfigError } from './config/config-error.js';
-import { loadFylrConfig, loadServeConfig } from './config/load-config.js';
+import { legacyOnlyFylrKeys, loadFylrConfig, loadServeConfig, parseFylrConfig, readConfigFile } from './config/load-config.js';
 
 const HELP = `slotgate: compatibility gateway and migration shim for the execserver slot broker
 
@@ -107,7 +107,11 @@ async function main(argv: string[]): Promise<void> {
       return;
     }
     case 'fylr': {
-      const config = loadFylrConfig(requireConfig(args), overrides(args));
+      const raw = readConfigFile(requireConfig(args));
+      const config = parseFylrConfig(raw, overrides(args));
+      for (const key of legacyOnlyFylrKeys(raw)) {
+        process.stderr.write(`${JSON.stringify({ level: 'warn', msg: `${key} is read only by slotgate legacy-fylr; slotgate fylr ignores it (its dispatcher claims what the execservers' free slots allow: docs/dispatcher.md)` })}\n`);
+      }
       const { startFylr } = await import('./fylr/fylr-process.js');
       const fylr = await startFylr(config);
       printListening(fylr.url, { name: config.name, kind: 'fylr' });

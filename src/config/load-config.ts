@@ -25,7 +25,7 @@ export function parseYamlText(text: string, source: string): unknown {
   }
 }
 
-function readConfigFile(path: string): unknown {
+export function readConfigFile(path: string): unknown {
   let text: string;
   try {
     text = readFileSync(path, 'utf8');
@@ -201,6 +201,17 @@ export function parseFylrConfig(raw: unknown, overrides: { listen?: string } = {
     },
     database,
   };
+}
+
+/**
+ * Keys of a fylr configuration that only `slotgate legacy-fylr` reads: the new fylr's dispatcher
+ * sizes its claims from the execservers' free slots (docs/dispatcher.md). An operator who copied
+ * an old `fylr.yml` hears so at start-up instead of expecting them to bound the work.
+ */
+export function legacyOnlyFylrKeys(raw: unknown): string[] {
+  const ex = raw !== null && typeof raw === 'object' ? (raw as { execserver?: unknown }).execserver : undefined;
+  if (ex === null || typeof ex !== 'object') return [];
+  return (['parallel', 'parallelHigh'] as const).filter((k) => (ex as Record<string, unknown>)[k] !== undefined).map((k) => `execserver.${k}`);
 }
 
 export function loadFylrConfig(path: string, overrides: { listen?: string } = {}): FylrConfig {

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import { ConfigError } from '../../src/config/config-error.js';
-import { loadServeConfig, parseFylrConfig, parseServeConfig } from '../../src/config/load-config.js';
+import { legacyOnlyFylrKeys, loadServeConfig, parseFylrConfig, parseServeConfig } from '../../src/config/load-config.js';
 import { parse } from 'yaml';
 
 const base = {
@@ -120,4 +120,12 @@ t.test('fylr configuration', async (t) => {
   t.equal(keyOf(() => parseFylrConfig({ execserver: { addresses: ['x'] } })), 'execserver.addresses[0]');
   t.equal(keyOf(() => parseFylrConfig({ execserver: { addresses: ['http://a'] }, database: 'mysql://x' })), 'database');
   t.equal(keyOf(() => parseFylrConfig({ execserver: { addresses: ['http://a'], parallel: 0 } })), 'execserver.parallel');
+});
+
+t.test('legacyOnlyFylrKeys names the old worker-pool sizes a fylr.yml sets', async (t) => {
+  t.same(legacyOnlyFylrKeys({ execserver: { addresses: ['http://x'], parallel: 18, parallelHigh: 0 } }), ['execserver.parallel', 'execserver.parallelHigh']);
+  t.same(legacyOnlyFylrKeys({ execserver: { addresses: ['http://x'], parallelHigh: 10 } }), ['execserver.parallelHigh']);
+  t.same(legacyOnlyFylrKeys({ execserver: { addresses: ['http://x'] } }), []);
+  t.same(legacyOnlyFylrKeys(null), []);
+  t.same(legacyOnlyFylrKeys({ execserver: 'nonsense' }), []);
 });

@@ -85,10 +85,17 @@ t.test('three `slotgate fylr` processes on one queue of 2,000 items: each done e
   const children = await Promise.all(
     ['p1', 'p2', 'p3'].map(async (name) => {
       const file = join(dir, `${name}.yml`);
-      await writeFile(file, `listen: 127.0.0.1:0\nname: ${name}\nexecserver: {addresses: ["${ex.url}"]}\ndatabase: "${schemaUrl(db)}"\n`);
+      // p1 runs on an old fylr.yml: its worker-pool sizes are read by legacy-fylr only.
+      const legacyKeys = name === 'p1' ? ', parallel: 18, parallelHigh: 10' : '';
+      await writeFile(file, `listen: 127.0.0.1:0\nname: ${name}\nexecserver: {addresses: ["${ex.url}"]${legacyKeys}}\ndatabase: "${schemaUrl(db)}"\n`);
       return startCli(['fylr', '--config', file], { t });
     }),
   );
+  // stderr is a pipe of its own: the warning may arrive after the listening line on stdout.
+  await waitFor('the warning on stderr', () => children[0]!.stderr().includes('parallelHigh'));
+  t.match(children[0]!.stderr(), /"level":"warn".*execserver\.parallel is read only by slotgate legacy-fylr/, 'an old fylr.yml: warned that parallel is ignored');
+  t.match(children[0]!.stderr(), /execserver\.parallelHigh is read only by slotgate legacy-fylr/);
+  t.notMatch(children[1]!.stderr(), /legacy-fylr/, 'no warning without them');
   await waitFor('all done', async () => (await countStates(db.pool)).done === 2000, 90_000, 100);
   const ms = Date.now() - started;
   t.same(await countStates(db.pool), { queued: 0, claimed: 0, done: 2000, failed: 0 });
