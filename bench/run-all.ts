@@ -16,18 +16,19 @@ import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { type BenchOptions, benchOptions } from './lib/options.js';
 import { ratio } from './lib/stats.js';
+import { runInFreshProcess } from './lib/scenario-process.js';
 import { renderSvg, type Panel } from './lib/svg.js';
+import { SCENARIOS, type ScenarioName } from './scenarios/index.js';
 import { ms, num, table, times } from './lib/table.js';
-import { type ContentionResult, runGatewayRequests } from './scenarios/gateway-requests.js';
-import { type HandoffResult, runHandoff } from './scenarios/handoff.js';
-import { type IdleResult, runIdle } from './scenarios/idle.js';
-import { type RssResult, runRss } from './scenarios/rss.js';
-import { runStreaming, type StreamingResult } from './scenarios/streaming.js';
-import { runThroughput, type ThroughputResult } from './scenarios/throughput.js';
-import { runWantBook, type WantBookScenarioResult } from './scenarios/want-book.js';
+import type { ContentionResult } from './scenarios/gateway-requests.js';
+import type { HandoffResult } from './scenarios/handoff.js';
+import type { IdleResult } from './scenarios/idle.js';
+import type { RssResult } from './scenarios/rss.js';
+import type { StreamingResult } from './scenarios/streaming.js';
+import type { ThroughputResult } from './scenarios/throughput.js';
+import type { WantBookScenarioResult } from './scenarios/want-book.js';
 
-export const SCENARIOS = ['want-book', 'rss', 'handoff', 'throughput', 'idle', 'contention', 'streaming'] as const;
-export type ScenarioName = (typeof SCENARIOS)[number];
+export { SCENARIOS, type ScenarioName } from './scenarios/index.js';
 
 export interface Machine {
   nproc: number;
@@ -331,14 +332,15 @@ export async function runAll(o: BenchOptions, only: ReadonlySet<ScenarioName> = 
     }
     process.stderr.write(`  ${name}: ${((performance.now() - s) / 1000).toFixed(1)} s (load ${loads().join(' ')})\n`);
   };
-  // The want-book first, on a quiet heap in this process; then the process scenarios.
-  await step('want-book', () => runWantBook(o), (v) => (results.scenarios.want_book = v));
-  await step('rss', () => runRss(o), (v) => (results.scenarios.rss = v));
-  await step('handoff', () => runHandoff(o), (v) => (results.scenarios.handoff = v));
-  await step('throughput', () => runThroughput(o), (v) => (results.scenarios.throughput = v));
-  await step('idle', () => runIdle(o), (v) => (results.scenarios.idle = v));
-  await step('contention', () => runGatewayRequests(o), (v) => (results.scenarios.contention = v));
-  await step('streaming', () => runStreaming(o), (v) => (results.scenarios.streaming = v));
+  // Each scenario in a fresh process of its own (bench/lib/scenario-process.ts).
+  const fresh = <T>(name: ScenarioName): Promise<T> => runInFreshProcess<T>(name, o);
+  await step('want-book', () => fresh<WantBookScenarioResult>('want-book'), (v) => (results.scenarios.want_book = v));
+  await step('rss', () => fresh<RssResult>('rss'), (v) => (results.scenarios.rss = v));
+  await step('handoff', () => fresh<HandoffResult>('handoff'), (v) => (results.scenarios.handoff = v));
+  await step('throughput', () => fresh<ThroughputResult>('throughput'), (v) => (results.scenarios.throughput = v));
+  await step('idle', () => fresh<IdleResult>('idle'), (v) => (results.scenarios.idle = v));
+  await step('contention', () => fresh<ContentionResult>('contention'), (v) => (results.scenarios.contention = v));
+  await step('streaming', () => fresh<StreamingResult>('streaming'), (v) => (results.scenarios.streaming = v));
   results.machine.loadavg_end = loads();
   results.duration_s = (performance.now() - t0) / 1000;
   results.goals = evaluateGoals(results.scenarios);

@@ -2,9 +2,9 @@
  * `GET /broker`: the websocket shell around Broker. ws does the framing, the payload limit
  * (1009) and answers the peer's pings; this file turns a socket into a BrokerTransport and back.
  */
-import type { Socket } from 'node:net';
 import type { FastifyInstance } from 'fastify';
 import type { RawData, WebSocket } from 'ws';
+import { batchedPerTurn } from '../batched-per-turn.js';
 import type { Broker } from './broker.js';
 
 function toBuffer(data: RawData): Buffer {
@@ -13,31 +13,12 @@ function toBuffer(data: RawData): Buffer {
   return Buffer.from(data);
 }
 
-/**
- * Frames to one connection written in the same turn of the event loop (DONE of a job and the
- * OFFER of its freed slot, several OFFERs of one pump) leave in one write: the first frame of a
- * turn corks the raw socket and a nextTick uncorks it, before the loop polls for I/O again, so
- * nothing waits. ws corks around each frame on its own; corks nest, so ours holds them all.
- * Measured in bench/README.md (throughput): one writev per frame was the largest cost.
- */
-function batchedPerTurn(raw: Socket): () => void {
-  let corked = false;
-  const uncork = (): void => {
-    corked = false;
-    raw.uncork();
-  };
-  return () => {
-    if (corked) return;
-    corked = true;
-    raw.cork();
-    process.nextTick(uncork);
-  };
-}
-
 export async function brokerRoute(app: FastifyInstance, opts: { broker: Broker }): Promise<void> {
   const { broker } = opts;
   app.get('/broker', { websocket: true }, (socket: WebSocket, req) => {
-    // After the upgrade the request's socket is the websocket's own TCP socket.
+    // After the upgrade the request's socket is the websocket's own TCP socket. Frames of one
+    // turn (DONE of a job and the OFFER of its freed slot, several OFFERs of one pump) leave in
+    // one write; measured in bench/README.md (throughput): one writev per frame was the largest cost.
     const batch = batchedPerTurn(req.socket);
     const session = broker.open(
       {

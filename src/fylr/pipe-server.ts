@@ -24,8 +24,10 @@ import { once } from 'node:events';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Readable, Writable } from 'node:stream';
 import type { FastifyPluginAsync, FastifyReply } from 'fastify';
+import { batchedPerTurn } from '../batched-per-turn.js';
 import { type Clock, systemClock, type TimerHandle } from '../clock.js';
 import { type ErrorCode, httpStatusOf } from '../errors.js';
+import { forEachChunk } from '../for-each-chunk.js';
 
 /** Unused pipes are forgotten after this long (a job's pipes are discarded at its DONE anyway). */
 export const DEFAULT_PIPE_TTL_MS = 10 * 60_000;
@@ -253,19 +255,22 @@ export class PipeServer {
       return { started: true, ok: true, bytes, error: null };
     }
     try {
-      for await (const chunk of src as AsyncIterable<Buffer | string>) {
+      // The chunks the source hands over in one turn leave in one write.
+      const batch = batchedPerTurn(res);
+      await forEachChunk<Buffer | string>(src, (chunk) => {
         const buf = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
         bytes += buf.length;
         if (res.destroyed) throw new Error('the execserver closed the stdin request');
-        if (!res.write(buf)) await drained(res);
-      }
+        batch();
+        return res.write(buf) ? undefined : drained(res);
+      });
       await new Promise<void>((resolve, reject) => {
         res.end(() => resolve());
         res.once('close', () => (res.writableFinished ? resolve() : reject(new Error('the execserver closed the stdin request'))));
       });
       return { started: true, ok: true, bytes, error: null };
     } catch (err) {
-      // Leaving the loop early destroys `src` (plainly); end the response as incomplete.
+      // The source is of no use any more; end the response as incomplete.
       if (!src.destroyed) src.destroy();
       res.destroy();
       return { started: true, ok: false, bytes, error: (err as Error).message };
@@ -277,10 +282,10 @@ export class PipeServer {
     e.stdout = undefined;
     let bytes = 0;
     try {
-      for await (const chunk of req as AsyncIterable<Buffer>) {
+      await forEachChunk(req, (chunk) => {
         bytes += chunk.length;
-        if (sink !== undefined && !sink.write(chunk)) await drained(sink);
-      }
+        return sink !== undefined && !sink.write(chunk) ? drained(sink) : undefined;
+      });
       if (!req.complete) throw new Error('the stdout request ended before its body was complete');
       if (sink !== undefined) await endWritable(sink);
       return { started: true, ok: true, bytes, error: null };

@@ -13,6 +13,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import type { Readable } from 'node:stream';
+import { batchedPerTurn } from '../batched-per-turn.js';
 import { SlotgateError } from '../errors.js';
 import { translateLegacyError } from '../protocol/legacy-wire.js';
 import { isPlainObject, type JobSpec } from '../protocol/job.js';
@@ -103,7 +104,10 @@ function send(method: 'GET' | 'PUT', url: string, opts: SendOptions): Promise<Ba
     if (opts.body) {
       // Headers first, so the backend starts the job before stdin's first byte arrives.
       req.flushHeaders();
-      // A backend may answer (a refusal) before it read the body: the rest is not sent.
+      // A backend may answer (a refusal) before it read the body: the rest is not sent. The
+      // pieces of one socket read of the body leave in one write (batched-per-turn.ts).
+      const batch = batchedPerTurn(req);
+      opts.body.on('data', batch);
       opts.body.pipe(req);
     } else {
       req.end();

@@ -20,6 +20,7 @@
  */
 import { Readable } from 'node:stream';
 import type { Clock } from '../clock.js';
+import { forEachChunk } from '../for-each-chunk.js';
 import { type ErrorCode, SlotgateError } from '../errors.js';
 import { decodeFromExec, isProtocolError } from '../protocol/codec.js';
 import { failedReceipt, type JobSpec, okReceipt, type Receipt, STDOUT_PREFIX_BYTES, usesBody } from '../protocol/job.js';
@@ -186,11 +187,11 @@ async function streamStdout(
   let bytes = 0;
   const partial = (): Partial<Receipt> => ({ stdout_prefix: prefix.text(), output_bytes: bytes });
   try {
-    for await (const chunk of answer as AsyncIterable<Buffer>) {
+    await forEachChunk(answer, (chunk) => {
       bytes += chunk.length;
       prefix.push(chunk);
-      await out.write(chunk);
-    }
+      return out.write(chunk);
+    });
   } catch (e) {
     // The backend cut the stream (it failed after its own commit, or vanished), or the relay
     // stopped it (cancel, out-pipe broken, deadline): a committed out-pipe is aborted, never ended.

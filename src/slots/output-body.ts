@@ -13,6 +13,7 @@
  * job past its timeout.
  */
 import type { Writable } from 'node:stream';
+import { batchedPerTurn } from '../batched-per-turn.js';
 import { SlotgateError } from '../errors.js';
 import { STDOUT_COMMIT_BYTES } from '../protocol/job.js';
 
@@ -43,6 +44,8 @@ export class BodyOutput {
   #buffer: Buffer[] = [];
   #buffered = 0;
   #stream: Writable | null = null;
+  /** Chunks written in one turn leave the sink's stream in one write (batched-per-turn.ts). */
+  #batch: (() => void) | null = null;
   #accepted: Promise<void> | null = null;
   /** Why every further wait must end: the sink broke, or the job failed. */
   #stopped: SlotgateError | null = null;
@@ -60,24 +63,27 @@ export class BodyOutput {
     return this.#commitCalled;
   }
 
-  /** Resolves once the chunk is taken (buffered, or accepted by the sink's stream). */
-  async write(chunk: Buffer): Promise<void> {
-    if (this.#sink === undefined) return;
+  /**
+   * Takes the chunk. Returns nothing when it was taken at once (buffered, or written without
+   * filling the sink's stream), else a promise that settles once it was: a caller that writes
+   * the next chunk only then keeps the order and the backpressure, and pays for no promise per
+   * chunk while the sink keeps up.
+   */
+  write(chunk: Buffer): Promise<void> | undefined {
+    if (this.#sink === undefined) return undefined;
     switch (this.#state) {
       case 'buffering':
         this.#buffer.push(Buffer.from(chunk));
         this.#buffered += chunk.length;
-        if (this.#buffered > STDOUT_COMMIT_BYTES) await this.#commitAndFlush();
-        return;
+        return this.#buffered > STDOUT_COMMIT_BYTES ? this.#commitAndFlush() : undefined;
       case 'streaming':
-        await this.#writeToStream(chunk);
-        return;
+        return this.#writeToStream(chunk);
       case 'committing':
-        // The only caller awaits each write, so a commit in flight is never overtaken.
-        throw new SlotgateError('internal', 'body write while the commit is in flight');
+        // Every caller waits for a returned promise, so a commit in flight is never overtaken.
+        return Promise.reject(new SlotgateError('internal', 'body write while the commit is in flight'));
       case 'ended':
       case 'aborted':
-        throw this.#stopped ?? new SlotgateError('pipe_out_failed', 'stdout stream already closed');
+        return Promise.reject(this.#stopped ?? new SlotgateError('pipe_out_failed', 'stdout stream already closed'));
     }
   }
 
@@ -137,6 +143,7 @@ export class BodyOutput {
     }
     const { stream, accepted } = committed;
     this.#stream = stream;
+    this.#batch = batchedPerTurn(stream);
     this.#accepted = accepted;
     accepted.catch((e: unknown) => this.#break(pipeOutFailed('stdout was not accepted', e)));
     stream.on('error', (e) => this.#break(pipeOutFailed('stdout stream failed', e)));
@@ -154,11 +161,12 @@ export class BodyOutput {
     for (const chunk of held) await this.#writeToStream(chunk);
   }
 
-  async #writeToStream(chunk: Buffer): Promise<void> {
-    if (this.#stopped !== null) throw this.#stopped;
+  #writeToStream(chunk: Buffer): Promise<void> | undefined {
+    if (this.#stopped !== null) return Promise.reject(this.#stopped);
     const stream = this.#stream as Writable;
-    if (stream.write(chunk)) return;
-    await this.#orStop(
+    (this.#batch as () => void)();
+    if (stream.write(chunk)) return undefined;
+    return this.#orStop(
       new Promise<void>((resolve) => {
         stream.once('drain', resolve);
       }),

@@ -1,5 +1,6 @@
 /**
- * Smoke test of the benchmark harness (bench/): one short run of two scenarios in quick mode, and
+ * Smoke test of the benchmark harness (bench/): one short run of two scenarios in quick mode (one
+ * of them in a fresh process, as run-all runs every scenario), and
  * the report built from them. It checks the SHAPE of the results (fields present, numbers finite,
  * the SVG and the table render), never their values: benchmarks are not tests, and this machine's
  * speed is nobody's assertion.
@@ -10,6 +11,9 @@ import { runBrokerInproc } from '../../bench/scenarios/broker-inproc.js';
 import { brokerPoint } from '../../bench/scenarios/throughput.js';
 import { singleGroup } from '../../bench/lib/configs.js';
 import { BenchHost } from '../../bench/lib/host-client.js';
+import { runInFreshProcess } from '../../bench/lib/scenario-process.js';
+import type { ScenarioName } from '../../bench/scenarios/index.js';
+import type { StreamingResult } from '../../bench/scenarios/streaming.js';
 
 const o = { quick: true, reps: 1, log: () => undefined };
 
@@ -41,4 +45,15 @@ t.test('throughput point over a real bench host, and the in-process broker loop'
   t.match(results.goals[0], { goal: String, measured: String, met: Boolean });
   t.match(buildSvg(results), /^<svg [^>]*>[\s\S]*<\/svg>\n$/, 'an SVG document');
   t.match(printTables(results), /throughput: no-op jobs\/s/);
+});
+
+t.test('a scenario runs in a fresh process and its result comes back whole; a failure comes back as an error', async (t) => {
+  const r = await runInFreshProcess<StreamingResult>('streaming', { quick: true, reps: 1 });
+  t.equal(r.bytes, 64 * 2 ** 20, 'quick mode reached the child through its environment');
+  t.same(
+    r.modes.map((m) => m.mode),
+    ['direct', 'relay floor', 'gateway', 'native'],
+  );
+  for (const m of r.modes) t.equal(m.reps.length, 1, `${m.mode}: one repetition, as asked`);
+  await t.rejects(runInFreshProcess('no-such-scenario' as ScenarioName, { quick: true, reps: 1 }), /unknown scenario "no-such-scenario"/);
 });
