@@ -2,7 +2,7 @@
  * Runs a scenario in a fresh process, so that it measures its own workload and not what the
  * scenarios before it left in the process: after the gateway-requests scenario, the old client's
  * CPU per GB streamed was 1.5-2.4x what it is in a fresh process (same throughput; JIT and heap
- * state; bench/README.md, "Each scenario in a fresh process").
+ * state; measured in bench/README.md, "Processes").
  * Logging goes to the same stderr; the result comes back over IPC as a structured clone
  * (NaN stays NaN).
  */
